@@ -1,0 +1,254 @@
+"""The one function that renders a rank's exact container spec (DESIGN §3.5).
+
+Everything a rank runs is derived here from the validated launch profile and the rank's
+inventory hostvars, so `--check --diff`, attestation and the start itself all see the same
+argv. Secrets never enter the spec: they are passed to `docker run` by name only (`-e NAME`),
+and Docker reads their values from the environment of the process that starts the container.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sparkring.profile import GIB, LaunchProfile
+
+CONTAINER_MODEL_DIR = "/models/model"
+CONTAINER_DRAFT_DIR = "/models/draft"
+CONTAINER_NCCL_DIR = "/opt/sparkring/nccl"
+SECRET_ENV_NAMES = ("HF_TOKEN", "VLLM_API_KEY")
+SPARKCACHE_CONNECTOR = "SparkCacheConnector"
+SPARKCACHE_MODULE = "sparkcache.connector"
+
+Runtime = Literal["gb10", "sim-cpu"]
+
+
+@dataclass(frozen=True)
+class NodeCapabilities:
+    """What the node offers the container; the launch never assumes a device it did not find."""
+
+    gpu: bool
+    infiniband: bool
+    cpu_count: int = 1
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank's container: `argv` is the full `docker run` command line."""
+
+    rank: int
+    container_name: str
+    image: str
+    argv: list[str]
+    env: dict[str, str]
+    secret_env_names: list[str]
+    mounts: list[dict[str, Any]]
+    labels: dict[str, str]
+    vllm_argv: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "container_name": self.container_name,
+            "image": self.image,
+            "argv": self.argv,
+            "env": self.env,
+            "secret_env_names": self.secret_env_names,
+            "mounts": self.mounts,
+            "labels": self.labels,
+            "vllm_argv": self.vllm_argv,
+        }
+
+
+def network_env(rank: dict[str, Any], head: dict[str, Any], nccl_mode: str) -> dict[str, str]:
+    """NCCL/Gloo/vLLM network settings derived from the inventory, never typed by hand.
+
+    Bootstrap and Gloo use the management network (every rank reaches rank 0 there); NCCL's
+    data path uses the ring ports' RDMA devices, and the subnet-aware connector picks the
+    cable whose /24 holds the peer."""
+    management = rank["sparkring_management"]
+    env = {
+        "VLLM_HOST_IP": management["address"],
+        "MASTER_ADDR": head["sparkring_management"]["address"],
+        "NCCL_SOCKET_IFNAME": management["interface"],
+        "GLOO_SOCKET_IFNAME": management["interface"],
+    }
+    ports = rank["sparkring_ports"]
+    if rank["sparkring_fabric"] == "verbs":
+        env["NCCL_IB_HCA"] = "=" + ",".join(port["rdma_device"] for port in ports)
+        gid_indexes = {port["gid_index"] for port in ports}
+        if len(gid_indexes) == 1 and isinstance(next(iter(gid_indexes)), int):
+            env["NCCL_IB_GID_INDEX"] = str(next(iter(gid_indexes)))
+    if nccl_mode == "patched":
+        env["NCCL_SWITCHLESS_RING"] = "1"
+        env["LD_PRELOAD"] = f"{CONTAINER_NCCL_DIR}/libnccl.so.2"
+    if nccl_mode in ("patched", "patch-free"):
+        env["NCCL_ALGO"] = "Ring"
+        env["NCCL_NVLS_ENABLE"] = "0"
+    return env
+
+
+def _sparkcache_transfer_config(profile: LaunchProfile) -> str:
+    extra = {
+        "root": profile.sparkcache_dir,
+        "max_bytes": profile.sparkcache_max_gib * GIB,
+        "low_watermark": profile.sparkcache_low_watermark,
+        "ttl_seconds": profile.sparkcache_ttl_hours * 3600,
+        "model_revision": profile.model_revision,
+        "draft_revision": profile.draft_revision,
+        "dcp": profile.dcp,
+        "kv_interleave": profile.geometry.kv_interleave,
+    }
+    config = {
+        "kv_connector": SPARKCACHE_CONNECTOR,
+        "kv_connector_module_path": SPARKCACHE_MODULE,
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def _speculative_config(profile: LaunchProfile) -> str | None:
+    if profile.spec_method == "none":
+        return None
+    config: dict[str, Any] = {"method": profile.spec_method, "num_speculative_tokens": profile.spec_tokens}
+    if profile.spec_method == "draft_model":
+        config["model"] = CONTAINER_DRAFT_DIR
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def vllm_argv(
+    profile: LaunchProfile, rank: int, world_size: int, master_address: str, runtime: Runtime
+) -> list[str]:
+    """`vllm serve ...` for one rank; `--headless` on every rank but 0 (else each binds the API port)."""
+    geometry = profile.geometry
+    argv = [
+        "vllm",
+        "serve",
+        CONTAINER_MODEL_DIR,
+        "--served-model-name",
+        profile.served_model_name or profile.model_path.rstrip("/").rsplit("/", 1)[-1],
+        "--tensor-parallel-size",
+        str(world_size),
+        "--decode-context-parallel-size",
+        str(profile.dcp),
+        "--cp-kv-cache-interleave-size",
+        str(geometry.kv_interleave),
+        "--max-model-len",
+        str(profile.max_model_len),
+        "--max-num-batched-tokens",
+        str(profile.max_num_batched_tokens),
+        "--nnodes",
+        str(world_size),
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        master_address,
+        "--master-port",
+        str(profile.master_port),
+        "--distributed-timeout-seconds",
+        "120",
+    ]
+    if runtime == "gb10":
+        argv += ["--kv-cache-dtype", profile.kv_cache_dtype]
+        argv += ["--kv-cache-memory-bytes", str(geometry.kv_cache_gib * GIB)]
+    else:
+        # The CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE and has no FP8 KV.
+        argv += ["--dtype", "float32", "--enforce-eager"]
+    if rank == 0:
+        argv += ["--host", "0.0.0.0", "--port", str(profile.api_port)]
+    else:
+        argv.append("--headless")
+    if profile.sparkcache_enabled:
+        argv += ["--kv-transfer-config", _sparkcache_transfer_config(profile)]
+    argv.append("--enable-prefix-caching")
+    speculative = _speculative_config(profile)
+    if speculative:
+        argv += ["--speculative-config", speculative]
+    argv += profile.extra_vllm_args.split()
+    return argv
+
+
+def render_rank_spec(
+    profile: LaunchProfile,
+    rank_vars: dict[str, Any],
+    head_vars: dict[str, Any],
+    node: NodeCapabilities,
+    image: str,
+    runtime: Runtime,
+) -> RankSpec:
+    """The exact `docker run` argv for one rank: host network and IPC, memlock unlimited and
+    IPC_LOCK for registered RDMA arenas, GPUs and /dev/infiniband where the node has them,
+    read-only model mounts, labels that tie the container to this profile."""
+    rank = rank_vars["sparkring_rank"]
+    world_size = rank_vars["sparkring_world_size"]
+    profile = profile.for_world(world_size)
+    master_address = head_vars["sparkring_management"]["address"]
+    name = f"sparkring-rank{rank}"
+
+    env = network_env(rank_vars, head_vars, profile.nccl_mode)
+    env |= {
+        "SPARKRING_RANK": str(rank),
+        "SPARKRING_WORLD_SIZE": str(world_size),
+        "SPARKRING_OVERLAY_MODE": profile.overlay_mode,
+        "SPARKRING_FULL_CKV_GATHER": "1" if profile.geometry.full_ckv_gather else "0",
+        "SPARKRING_PROFILE_SHA256": profile.digest(),
+        "SPARKCACHE_ENABLED": "1" if profile.sparkcache_enabled else "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    if profile.spec_adaptive:
+        env["SPARKRING_SPEC_ADAPTIVE_WINDOW"] = str(profile.spec_adaptive_window)
+    if runtime == "sim-cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+        # The automatic OpenMP binding fails with several ranks on one host: bind each rank by hand.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(rank % node.cpu_count)
+
+    mounts: list[dict[str, Any]] = [
+        {"source": profile.model_path, "target": CONTAINER_MODEL_DIR, "read_only": True},
+    ]
+    if profile.draft_path:
+        mounts.append({"source": profile.draft_path, "target": CONTAINER_DRAFT_DIR, "read_only": True})
+    if profile.nccl_mode == "patched":
+        mounts.append({"source": "/opt/sparkring/nccl/lib", "target": CONTAINER_NCCL_DIR, "read_only": True})
+    if profile.sparkcache_enabled:
+        mounts.append(
+            {"source": profile.sparkcache_dir, "target": profile.sparkcache_dir, "read_only": False}
+        )
+
+    labels = {
+        "sparkring.cluster": rank_vars["sparkring_cluster_name"],
+        "sparkring.rank": str(rank),
+        "sparkring.profile_sha256": profile.digest(),
+    }
+
+    argv = ["docker", "run", "--detach", "--name", name, "--network", "host", "--ipc", "host"]
+    argv += ["--ulimit", "memlock=-1:-1", "--cap-add", "IPC_LOCK", "--restart", "no"]
+    if node.gpu:
+        argv += ["--gpus", "all"]
+    if node.infiniband:
+        argv += ["--device", "/dev/infiniband"]
+    for mount in mounts:
+        suffix = ",readonly" if mount["read_only"] else ""
+        argv += ["--mount", f"type=bind,source={mount['source']},target={mount['target']}{suffix}"]
+    for key, value in sorted(labels.items()):
+        argv += ["--label", f"{key}={value}"]
+    for key, value in sorted(env.items()):
+        argv += ["--env", f"{key}={value}"]
+    for secret in SECRET_ENV_NAMES:
+        argv += ["--env", secret]
+    serve = vllm_argv(profile, rank, world_size, master_address, runtime)
+    argv += [image, *serve]
+    return RankSpec(
+        rank=rank,
+        container_name=name,
+        image=image,
+        argv=argv,
+        env=env,
+        secret_env_names=list(SECRET_ENV_NAMES),
+        mounts=mounts,
+        labels=labels,
+        vllm_argv=serve,
+    )

@@ -1,0 +1,156 @@
+"""The ring geometry and the hostvars derived from it, on pairs and rings of 4, 6, 8 and 10."""
+
+from __future__ import annotations
+
+import pytest
+from inventory_builders import load_inventory, sim_ring
+from sparkring.cluster import (
+    cable_between,
+    cable_cage,
+    matching_rounds,
+    neighbours,
+    ring_cables,
+    validate_cluster,
+    world_size_problem,
+)
+from sparkring.hostvars import cluster_groups, cluster_hostvars
+
+RING_SIZES = (4, 6, 8, 10)
+
+
+@pytest.mark.parametrize("n", [2, *RING_SIZES, 12, 64])
+def test_supported_world_sizes(n: int) -> None:
+    assert world_size_problem(n) is None
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 5, 7, 9])
+def test_unsupported_world_sizes_say_what_is_expected(n: int) -> None:
+    assert world_size_problem(n) == (
+        f"expected 2 ranks (a pair on one cable) or an even number >= 4 (a ring), got {n}"
+    )
+
+
+def test_pair_is_one_cable_and_one_round() -> None:
+    assert ring_cables(2) == [(0, 1)]
+    assert neighbours(0, 2) == (1, 1)
+    assert cable_cage(0, 2) is None
+    assert [tuple(r) for r in matching_rounds(0, 2)] == [(0, 1, 0)]
+    assert [tuple(r) for r in matching_rounds(1, 2)] == [(0, 0, 0)]
+
+
+def test_four_ranks_round_zero_is_rank_xor_1_and_round_one_rank_xor_3() -> None:
+    for rank in range(4):
+        rounds = matching_rounds(rank, 4)
+        assert [r.round for r in rounds] == [0, 1]
+        assert rounds[0].peer == rank ^ 1
+        assert rounds[1].peer == rank ^ 3
+
+
+@pytest.mark.parametrize("n", RING_SIZES)
+def test_rounds_are_the_two_perfect_matchings_of_the_ring(n: int) -> None:
+    for k in (0, 1):
+        pairs = {frozenset((rank, matching_rounds(rank, n)[k].peer)) for rank in range(n)}
+        assert len(pairs) == n // 2, "every rank is in exactly one pair per round"
+        for pair in pairs:
+            a, b = sorted(pair)
+            cable = cable_between(a, b, n)
+            assert cable is not None and cable % 2 == k and cable_cage(cable, n) == k
+    assert {matching_rounds(r, n)[0].peer for r in range(n)} == set(range(n))
+    assert all(matching_rounds(r, n)[0].peer == r ^ 1 for r in range(n))
+
+
+@pytest.mark.parametrize("n", RING_SIZES)
+def test_cables_close_one_cycle(n: int) -> None:
+    cables = ring_cables(n)
+    assert cables == [(i, (i + 1) % n) for i in range(n)]
+    for rank in range(n):
+        left, right = neighbours(rank, n)
+        assert cable_between(rank, right, n) == rank
+        assert cable_between(left, rank, n) == left
+    assert cable_between(0, 2, n) is None
+
+
+@pytest.mark.parametrize("n", RING_SIZES)
+def test_ring_hostvars_neighbours_ports_and_rounds(n: int) -> None:
+    hostvars = cluster_hostvars(validate_cluster(sim_ring(n)))
+    assert list(hostvars) == [f"r{r}" for r in range(n)]
+    for r in range(n):
+        v = hostvars[f"r{r}"]
+        assert (v["sparkring_rank"], v["sparkring_world_size"]) == (r, n)
+        assert v["sparkring_left"] == {"rank": (r - 1) % n, "host": f"r{(r - 1) % n}"}
+        assert v["sparkring_right"] == {"rank": (r + 1) % n, "host": f"r{(r + 1) % n}"}
+        assert [p["cage"] for p in v["sparkring_ports"]] == [0, 1]
+        for port in v["sparkring_ports"]:
+            peer = hostvars[port["peer_host"]]
+            (back,) = [p for p in peer["sparkring_ports"] if p["edge"] == port["edge"]]
+            assert (back["peer_rank"], back["peer_address"]) == (r, port["address"])
+            assert (port["peer_cage"], port["peer_interface"]) == (back["cage"], back["interface"])
+        rounds = v["sparkring_rounds"]
+        other = (r - 1) % n if r % 2 == 0 else (r + 1) % n
+        assert [(x["round"], x["peer_rank"], x["cage"]) for x in rounds] == [(0, r ^ 1, 0), (1, other, 1)]
+        assert [x["interface"] for x in rounds] == ["ring0", "ring1"]
+
+
+def test_six_rank_ring_by_hand() -> None:
+    hostvars = cluster_hostvars(validate_cluster(sim_ring(6)))
+    r5 = hostvars["r5"]
+    assert (r5["sparkring_left"]["rank"], r5["sparkring_right"]["rank"]) == (4, 0)
+    assert [(x["peer_rank"], x["peer_address"]) for x in r5["sparkring_rounds"]] == [
+        (4, "198.19.4.1"),
+        (0, "198.19.5.2"),
+    ]
+    assert [(x["peer_rank"], x["peer_address"]) for x in hostvars["r2"]["sparkring_rounds"]] == [
+        (3, "198.19.2.2"),
+        (1, "198.19.1.1"),
+    ]
+
+
+def test_pair_hostvars_have_one_port_one_round_and_the_peer_on_both_sides() -> None:
+    hostvars = cluster_hostvars(validate_cluster(load_inventory("pair")))
+    for rank, peer in ((0, 1), (1, 0)):
+        v = hostvars[f"spark{rank}"]
+        assert v["sparkring_left"] == v["sparkring_right"] == {"rank": peer, "host": f"spark{peer}"}
+        (port,) = v["sparkring_ports"]
+        (round0,) = v["sparkring_rounds"]
+        assert (round0["round"], round0["peer_rank"], round0["peer_address"]) == (
+            0,
+            peer,
+            port["peer_address"],
+        )
+        assert (port["rdma_device"], port["rdma_port"], port["gid_index"]) == ("rocep1s0f0", 1, "auto")
+
+
+def test_groups_head_is_rank_zero() -> None:
+    groups = cluster_groups(validate_cluster(sim_ring(6)))
+    assert groups == {
+        "sparkring": [f"r{r}" for r in range(6)],
+        "sparkring_head": ["r0"],
+        "sparkring_workers": [f"r{r}" for r in range(1, 6)],
+    }
+
+
+def test_tcp_fabric_publishes_no_rdma_even_when_blocks_are_present() -> None:
+    data = load_inventory("ring4")
+    data["cluster"]["fabric"] = "tcp"
+    for v in cluster_hostvars(validate_cluster(data)).values():
+        for port in v["sparkring_ports"]:
+            assert (port["rdma_device"], port["rdma_port"], port["gid_index"]) == (None, None, None)
+
+
+def test_ssh_override_and_defaults() -> None:
+    hostvars = cluster_hostvars(validate_cluster(load_inventory("ring4")))
+    assert (hostvars["spark0"]["ansible_host"], hostvars["spark0"]["ansible_port"]) == ("192.0.2.10", 22)
+    assert (hostvars["spark3"]["ansible_host"], hostvars["spark3"]["ansible_port"]) == (
+        "spark-3.mgmt.example.net",
+        2222,
+    )
+    assert "ansible_ssh_common_args" not in hostvars["spark0"]
+    sim = cluster_hostvars(validate_cluster(load_inventory("sim")))["r1"]
+    assert sim["ansible_ssh_common_args"] == (
+        '-o ProxyCommand="ip netns exec sr-ctl nc %h %p" '
+        "-o UserKnownHostsFile=/var/lib/sparkring-sim/ssh/known_hosts"
+    )
+
+
+def test_sim_inventory_follows_the_sim_geometry() -> None:
+    assert load_inventory("sim") == sim_ring(4)
