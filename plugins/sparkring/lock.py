@@ -1,0 +1,228 @@
+"""The image lock (`images/lock.json`, DESIGN §3.3): every input of the runtime images by content.
+
+One schema, strict: unknown keys, short hashes and floating references are errors that name the
+field. `tree_sha256` is the one definition of a source tree's hash; `stale_trees` compares the
+lock with the checkout, and `python -m sparkring.lock refresh` (with `plugins/` on the path)
+rewrites the tree hashes when the sources changed on purpose.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCK_PATH = ROOT / "images" / "lock.json"
+
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+GitCommit = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40}$")]
+RepoPath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")]
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")]
+# Files excluded from tree hashes: build outputs and caches, never sources.
+TREE_EXCLUDE_SUFFIXES = (".pyc", ".pyo", ".so", ".o", ".a")
+TREE_EXCLUDE_PARTS = ("__pycache__", "build", ".pytest_cache")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class BaseImage(Strict):
+    """A registry image pinned by manifest digest: the tag is a label, the digest is the content."""
+
+    reference: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?$")]
+    digest: Digest
+    platform: Literal["linux/arm64", "linux/amd64"]
+
+    @property
+    def pinned(self) -> str:
+        return f"{self.reference.split(':')[0]}@{self.digest}"
+
+
+class SimBase(Strict):
+    """The sim runtime's base: a debootstrapped Debian imported into Docker (no registry)."""
+
+    suite: Name
+    variant: Literal["minbase", "buildd"]
+    mirror: Annotated[str, StringConstraints(pattern=r"^https?://[A-Za-z0-9._/-]+$")]
+    include: list[Name]
+    platform: Literal["linux/amd64", "linux/arm64"]
+
+
+class Wheel(Strict):
+    distribution: Name
+    file: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.+-]+\.whl$")]
+    sha256: Sha256
+
+
+class Vllm(Strict):
+    """vLLM by version and content: the sim installs a hashed wheel, GB10 takes it from the base."""
+
+    version: Annotated[str, StringConstraints(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")]
+    sim_wheel: Wheel
+    gb10_from_base: Annotated[str, StringConstraints(min_length=1)] = Field(
+        description="the vLLM version string the pinned GB10 base image reports"
+    )
+
+
+class NcclPatch(Strict):
+    file: RepoPath
+    sha256: Sha256
+
+
+class NcclRelease(Strict):
+    source_url: Annotated[str, StringConstraints(pattern=r"^https://\S+$")]
+    source_sha256: Sha256
+    source_dir: Name
+    patches: list[NcclPatch]
+
+
+class Nccl(Strict):
+    """Owned by the NCCL stage; this schema only guarantees its shape."""
+
+    default_version: Name
+    releases: dict[Name, NcclRelease]
+
+    @model_validator(mode="after")
+    def _default_is_a_release(self) -> Nccl:
+        if self.default_version not in self.releases:
+            raise ValueError(
+                f"nccl.default_version {self.default_version!r} is not among releases {sorted(self.releases)}"
+            )
+        return self
+
+
+class SourceTree(Strict):
+    path: RepoPath
+    sha256: Sha256
+
+
+class Model(Strict):
+    """A model or draft: generated locally (sim) or a hub repository at an exact revision."""
+
+    role: Literal["target", "draft"]
+    source: Literal["generated", "hub"]
+    generator: RepoPath | None = None
+    repository: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")] | None = None
+    revision: GitCommit | None = None
+    config_sha256: Sha256
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> Model:
+        if self.source == "generated" and (self.generator is None or self.repository or self.revision):
+            raise ValueError("a generated model names its generator and no repository/revision")
+        if self.source == "hub" and (self.repository is None or self.revision is None or self.generator):
+            raise ValueError("a hub model names repository and an exact 40-hex revision, no generator")
+        return self
+
+
+class Lock(Strict):
+    version: Literal[1]
+    base_images: dict[Name, BaseImage]
+    sim_base: SimBase
+    vllm: Vllm
+    nccl: Nccl | None = None
+    source_trees: dict[Name, SourceTree]
+    models: dict[Name, Model]
+
+
+def load_lock(path: Path = LOCK_PATH) -> Lock:
+    """Parse and validate; pydantic's error names the field path and the expected shape."""
+    return Lock.model_validate_json(path.read_text(encoding="utf-8"))
+
+
+def tree_files(root: Path, path: str) -> list[str]:
+    """Files a commit of `path` would hold: git's view when there is one, else a walk."""
+    top = root / path
+    try:
+        listed = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(root),
+                "ls-files",
+                "-z",
+                "--cached",
+                "--others",
+                "--exclude-standard",
+                "--",
+                path,
+            ],
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+        names = [name for name in listed.split("\0") if name]
+    except (OSError, subprocess.CalledProcessError):
+        names = [str(p.relative_to(root)) for p in top.rglob("*") if p.is_file()]
+    keep = []
+    for name in names:
+        parts = Path(name).parts
+        if name.endswith(TREE_EXCLUDE_SUFFIXES) or any(part in TREE_EXCLUDE_PARTS for part in parts):
+            continue
+        if any(part.endswith(".egg-info") for part in parts) or not (root / name).is_file():
+            continue
+        keep.append(name)
+    return sorted(set(keep))
+
+
+def tree_sha256(path: str, root: Path = ROOT) -> str:
+    """sha256 over `relative-path NUL file-sha256 LF` lines, sorted: names and contents, no mtimes."""
+    digest = hashlib.sha256()
+    for name in tree_files(root, path):
+        content = hashlib.sha256((root / name).read_bytes()).hexdigest()
+        digest.update(f"{Path(name).relative_to(path)}\0{content}\n".encode())
+    return digest.hexdigest()
+
+
+def stale_trees(lock: Lock, root: Path = ROOT) -> dict[str, tuple[str, str]]:
+    """Trees whose checkout no longer matches the lock: name -> (locked, actual)."""
+    stale = {}
+    for name, tree in lock.source_trees.items():
+        actual = tree_sha256(tree.path, root)
+        if actual != tree.sha256:
+            stale[name] = (tree.sha256, actual)
+    return stale
+
+
+def refresh(path: Path = LOCK_PATH, root: Path = ROOT) -> dict[str, tuple[str, str]]:
+    """Rewrite the tree hashes in place (only those); returns what changed."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    lock = Lock.model_validate(data)
+    changed = stale_trees(lock, root)
+    for name, (_old, new) in changed.items():
+        data["source_trees"][name]["sha256"] = new
+    if changed:
+        Lock.model_validate(data)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    return changed
+
+
+def main(argv: list[str]) -> int:
+    """`show` prints the validated lock; `check` lists stale trees (exit 1 if any); `refresh` rewrites them."""
+    if argv not in (["show"], ["check"], ["refresh"]):
+        print("usage: python -m sparkring.lock show|check|refresh", file=sys.stderr)
+        return 2
+    if argv == ["show"]:
+        print(load_lock().model_dump_json())
+        return 0
+    if argv == ["refresh"]:
+        for name, (old, new) in refresh().items():
+            print(f"{name}: {old[:12]} -> {new[:12]}")
+        return 0
+    stale = stale_trees(load_lock())
+    for name, (old, new) in stale.items():
+        print(f"{name}: locked {old[:12]}, checkout {new[:12]}")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
