@@ -1,0 +1,91 @@
+"""Shared fixtures for the sim lane: run project commands as a user does, and the shared ring.
+
+The simulated ring (playbooks/sim.yml) is one set of hosts for the whole session: brought up
+once when it is not up, and left up for every later test (`make sim-down` or .ci/run removes it).
+The ring's own lifecycle test (tests/sim/sim_ring/test_lifecycle.py) takes the ring down and up
+to compare the machine before and after; it is moved to the front of the session so that it
+runs before any other test has put state on the ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIFECYCLE_TESTS = "tests/sim/sim_ring/test_lifecycle.py"
+SIM_TOOLS = ("ip", "tc", "nsenter", "unshare", "sshd", "dockerd", "docker", "nc", "ssh-keygen")
+
+Runner = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def project_env() -> dict[str, str]:
+    """The environment `make` gives its commands: the venv first on PATH, the project's ansible.cfg."""
+    env = dict(os.environ)
+    env["PATH"] = f"{ROOT / '.venv' / 'bin'}:{env.get('PATH', '')}"
+    env.update(ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    env.pop("ANSIBLE_INVENTORY", None)
+    return env
+
+
+def run_project(argv: list[str], timeout: int = 600, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run a command from the project root with the project's environment (output captured)."""
+    return subprocess.run(
+        argv, cwd=cwd, env=project_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def sim_ring_is_up() -> bool:
+    """Every rank answers Ansible over ssh, as the inventory says."""
+    return run_project(["ansible", "sparkring", "-m", "ansible.builtin.ping"], timeout=120).returncode == 0
+
+
+def require_sim_host() -> None:
+    """Skip (with the reason) where the simulated ring cannot exist."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated ring needs root (network namespaces, sshd, dockerd)")
+    missing = [
+        tool
+        for tool in SIM_TOOLS
+        if shutil.which(tool, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin") is None
+    ]
+    if missing:
+        pytest.skip(f"the simulated ring needs {', '.join(missing)}: run `make apt` (requirements-apt.txt)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ring's lifecycle test first: it compares the machine without the ring to after sim-down."""
+    first = [item for item in items if item.nodeid.startswith(LIFECYCLE_TESTS)]
+    if first:
+        items[:] = first + [item for item in items if not item.nodeid.startswith(LIFECYCLE_TESTS)]
+
+
+class SimHost:
+    """This machine as the sim lane uses it: project commands, and whether the ring answers."""
+
+    root = ROOT
+    run = staticmethod(run_project)
+    ring_is_up = staticmethod(sim_ring_is_up)
+
+
+@pytest.fixture(scope="session")
+def sim_host() -> SimHost:
+    """This machine, when it can hold the simulated ring (root, the tools); skips otherwise."""
+    require_sim_host()
+    return SimHost()
+
+
+@pytest.fixture(scope="session")
+def sim_ring(sim_host: SimHost) -> Runner:
+    """The shared simulated ring, up (brought up by playbooks/sim.yml when it is not)."""
+    if not sim_host.ring_is_up():
+        done = run_project(["ansible-playbook", "playbooks/sim.yml"])
+        assert done.returncode == 0, (
+            f"playbooks/sim.yml failed:\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+        )
+    return run_project
