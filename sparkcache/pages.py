@@ -1,0 +1,79 @@
+"""The on-disk page: one chunk's KV for one rank shard, self-describing and checksummed.
+
+    b"SPKCPG01" | u32 header length | header JSON | payload
+
+The header names the identity, the chunk key and the layer layout; the sha256 of the whole
+file is the page's record in the manifest that admitted it, checked on every restore.
+"""
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"SPKCPG01"
+_LEN = struct.Struct("<I")
+
+
+class PageError(Exception):
+    """A page that must not be served: wrong bytes, wrong identity or wrong key."""
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class Page:
+    key: str
+    identity: str
+    layers: tuple[LayerLayout, ...]
+    payload: Buffer  # a view into the read buffer on restore: pages are MiBs, copies cost
+
+
+def encode_page(page: Page) -> tuple[bytes, Buffer]:
+    """The page as (head, payload): written one after the other, never concatenated."""
+    if sum(layer.nbytes for layer in page.layers) != memoryview(page.payload).nbytes:
+        raise ValueError("page layer sizes do not add up to its payload")
+    header = {
+        "key": page.key,
+        "identity": page.identity,
+        "layers": [[layer.name, layer.dtype, list(layer.shape), layer.nbytes] for layer in page.layers],
+    }
+    blob = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    return MAGIC + _LEN.pack(len(blob)) + blob, page.payload
+
+
+def page_sha256(head: Buffer, payload: Buffer) -> str:
+    digest = hashlib.sha256(head)
+    digest.update(payload)
+    return digest.hexdigest()
+
+
+def decode_page(data: Buffer, *, key: str, identity: str, sha256: str) -> Page:
+    """Parse and verify a page read from disk; raise PageError rather than return bad KV."""
+    data = memoryview(data)
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise PageError(f"page {key[:16]}: sha256 differs from its manifest record")
+    if bytes(data[: len(MAGIC)]) != MAGIC:
+        raise PageError(f"page {key[:16]}: not a SparkCache page")
+    start = len(MAGIC) + _LEN.size
+    (length,) = _LEN.unpack_from(data, len(MAGIC))
+    try:
+        header = json.loads(bytes(data[start : start + length]))
+    except ValueError as exc:
+        raise PageError(f"page {key[:16]}: unreadable header ({exc})") from exc
+    payload = data[start + length :]
+    if header.get("key") != key or header.get("identity") != identity:
+        raise PageError(f"page {key[:16]}: written for another chunk or cache identity")
+    layers = tuple(LayerLayout(n, d, tuple(s), b) for n, d, s, b in header["layers"])
+    if sum(layer.nbytes for layer in layers) != payload.nbytes:
+        raise PageError(f"page {key[:16]}: layer sizes do not match the payload")
+    return Page(key=key, identity=identity, layers=layers, payload=payload)

@@ -1,0 +1,421 @@
+"""The page store on a rank's local disk: publication, discovery, verified restore, eviction.
+
+    <root>/id-<identity digest>/identity.json      the full identity, checked on every open
+                               pages/<kk>/<key>.page one chunk's KV (see pages.py)
+                               snapshots/<key>.json a manifest: the pages of one prompt prefix
+                               tmp/                 files not yet published
+                               owner.lock           one writer per identity directory
+
+A snapshot becomes visible only when its manifest appears, and the manifest is written last,
+after every page it lists is synced and linked: a crash at any instant leaves whole, verified
+snapshots plus orphans that the next writer removes. The index is rebuilt from manifests
+alone (page bytes are read only to restore them). Every restored page is checked against
+its manifest's sha256; a bad page is removed with every snapshot that lists it.
+"""
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkcache.durable import fsync_dir, publish_file, unlink_quietly, write_synced
+from sparkcache.identity import CacheIdentity
+from sparkcache.pages import Page, PageError, decode_page, encode_page, page_sha256
+
+log = logging.getLogger(__name__)
+
+
+class IdentityMismatch(Exception):
+    """The directory holds a cache of another geometry: it must not be read."""
+
+
+class StoreBusy(Exception):
+    """Another process already writes this identity directory."""
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """max_bytes None: unbounded. Eviction, oldest use first, goes down to low_watermark x max."""
+
+    max_bytes: int | None = None
+    low_watermark: float = 0.8
+    ttl_seconds: float | None = None
+    reserve_bytes: int = 64 << 20  # free space left on the filesystem for everyone else
+
+    def __post_init__(self) -> None:
+        if self.max_bytes is not None and self.max_bytes <= 0:
+            raise ValueError(f"max_bytes {self.max_bytes} must be positive (or null for unbounded)")
+        if not 0 < self.low_watermark <= 1:
+            raise ValueError(f"low_watermark {self.low_watermark} must be in (0, 1]")
+        if self.ttl_seconds is not None and self.ttl_seconds <= 0:
+            raise ValueError(f"ttl_seconds {self.ttl_seconds} must be positive (or null for no TTL)")
+
+
+@dataclass(frozen=True)
+class PageRecord:
+    sha256: str
+    nbytes: int
+
+
+@dataclass
+class Snapshot:
+    key: str
+    pages: list[str]
+    tokens: int
+    last_used: float
+    manifest_bytes: int
+
+
+@dataclass
+class PublishResult:
+    status: str  # "published" | "exists" | "skipped"
+    reason: str = ""
+    bytes_written: int = 0
+    evicted: list[str] = field(default_factory=list)
+
+
+def manifest_checksum(body: dict[str, object]) -> str:
+    """sha256 of a manifest's canonical JSON without its own checksum field."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class SparkCacheStore:
+    """One identity's pages. `writer=True` owns the directory (publishes, evicts, cleans);
+    readers (the scheduler) only look up what is published."""
+
+    def __init__(
+        self, root: Path, identity: CacheIdentity, limits: StoreLimits | None = None, *, writer: bool
+    ) -> None:
+        self.identity = identity
+        self.digest = identity.digest()
+        self.limits = limits or StoreLimits()
+        self.writer = writer
+        self.dir = Path(root) / identity.dirname()
+        self._lock = threading.RLock()
+        self._pages: dict[str, PageRecord] = {}
+        self._refs: dict[str, set[str]] = {}
+        self._snapshots: dict[str, Snapshot] = {}
+        self._seen_mtime = -1
+        self._owner_fd: int | None = None
+        if writer:
+            self._open_writer()
+        try:
+            self._check_identity()
+            self.discover()
+        except BaseException:
+            self.close()  # a refused directory must not stay locked
+            raise
+
+    # -- opening -------------------------------------------------------------------------
+    def _open_writer(self) -> None:
+        for sub in ("pages", "snapshots", "tmp"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / "owner.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise StoreBusy(f"{self.dir} is already written by another process") from exc
+        self._owner_fd = fd
+        ident = self.dir / "identity.json"
+        if not ident.exists():
+            tmp = self.dir / "tmp" / f"identity.{os.getpid()}"
+            unlink_quietly(tmp)
+            write_synced(tmp, self.identity.canonical())
+            publish_file(tmp, ident)
+            fsync_dir(self.dir.parent)
+
+    def _check_identity(self) -> None:
+        ident = self.dir / "identity.json"
+        if not ident.exists():
+            return  # a reader before the first publication: nothing to read yet
+        stored = ident.read_bytes()
+        if stored != self.identity.canonical():
+            raise IdentityMismatch(
+                f"{ident} records another cache identity ({stored[:120]!r}...) than this process "
+                f"({self.digest[:16]}): refusing to read it; move it away or fix the geometry"
+            )
+
+    def close(self) -> None:
+        if self._owner_fd is not None:
+            os.close(self._owner_fd)  # releases the flock
+            self._owner_fd = None
+
+    # -- discovery -----------------------------------------------------------------------
+    def _snapshot_dir(self) -> Path:
+        return self.dir / "snapshots"
+
+    def _page_path(self, key: str) -> Path:
+        return self.dir / "pages" / key[:2] / f"{key}.page"
+
+    def _read_manifest(self, path: Path) -> Snapshot | None:
+        """Parse one manifest; None when it is unreadable or not ours (it is then ignored)."""
+        try:
+            raw = path.read_bytes()
+            body = json.loads(raw)
+            checksum = body.pop("checksum")
+            if checksum != manifest_checksum(body) or body["identity"] != self.digest:
+                return None
+            pages = [k for k, _, _ in body["pages"]]
+            if pages[-1] != body["snapshot"] or path.stem != body["snapshot"]:
+                return None
+            records = {k: PageRecord(s, int(n)) for k, s, n in body["pages"]}
+            stat = path.stat()
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return None
+        with self._lock:
+            for key, rec in records.items():
+                self._pages.setdefault(key, rec)
+        return Snapshot(body["snapshot"], pages, int(body["tokens"]), stat.st_mtime, len(raw))
+
+    def discover(self) -> None:
+        """(Re)build the index from the manifests; a writer also removes crash leftovers."""
+        with self._lock:
+            self._pages.clear()
+            self._refs.clear()
+            self._snapshots.clear()
+            snap_dir = self._snapshot_dir()
+            if not snap_dir.is_dir():
+                return
+            self._seen_mtime = snap_dir.stat().st_mtime_ns
+            present = self._listed_pages() if self.writer else None
+            for path in sorted(snap_dir.glob("*.json")):
+                snap = self._read_manifest(path)
+                if snap is None or (present is not None and not set(snap.pages) <= present):
+                    if self.writer:
+                        log.warning("SparkCache: dropping unusable manifest %s", path.name)
+                        unlink_quietly(path)
+                    continue
+                self._add(snap)
+            self._pages = {k: r for k, r in self._pages.items() if k in self._refs}
+            if self.writer:
+                self._remove_leftovers(present or set())
+
+    def _listed_pages(self) -> set[str]:
+        return {p.stem for p in (self.dir / "pages").glob("*/*.page")}
+
+    def _remove_leftovers(self, present: set[str]) -> None:
+        """Pages no manifest lists and unpublished temporaries: what a crash leaves behind."""
+        for key in present - self._refs.keys():
+            unlink_quietly(self._page_path(key))
+        for tmp in (self.dir / "tmp").iterdir():
+            unlink_quietly(tmp)
+
+    def refresh(self) -> None:
+        """Pick up what the writer published or evicted since the last look (readers)."""
+        snap_dir = self._snapshot_dir()
+        try:
+            mtime = snap_dir.stat().st_mtime_ns
+        except FileNotFoundError:
+            return
+        if mtime != self._seen_mtime:
+            self._check_identity()
+            self.discover()
+
+    def _add(self, snap: Snapshot) -> None:
+        self._snapshots[snap.key] = snap
+        for key in snap.pages:
+            self._refs.setdefault(key, set()).add(snap.key)
+
+    # -- lookup and restore --------------------------------------------------------------
+    def match(self, keys: list[str]) -> int:
+        """How many leading chunks of `keys` published snapshots hold (no page is read)."""
+        with self._lock:
+            n = 0
+            while n < len(keys) and keys[n] in self._refs:
+                n += 1
+            return n
+
+    def missing(self, keys: list[str]) -> list[str]:
+        with self._lock:
+            return [k for k in keys if k not in self._refs]
+
+    def read_page(self, key: str) -> Page:
+        """The verified page for `key`; PageError (and removal, for a writer) otherwise."""
+        with self._lock:
+            record = self._pages.get(key)
+        if record is None:
+            raise PageError(f"page {key[:16]} is not published")
+        try:
+            data = bytearray(record.nbytes)
+            with self._page_path(key).open("rb", buffering=0) as f:
+                if f.readinto(data) != record.nbytes or f.read(1):
+                    raise PageError(f"page {key[:16]}: size differs from its manifest record")
+            return decode_page(data, key=key, identity=self.digest, sha256=record.sha256)
+        except (OSError, PageError) as exc:
+            if self.writer:
+                self.quarantine(key)
+            raise PageError(str(exc)) from exc
+
+    def read_pages(self, keys: list[str]) -> Iterator[Page | PageError]:
+        """Verified pages in order (a failure is yielded, not raised). The kernel is asked to
+        read the next page ahead while this one is hashed: no Python threads, no GIL games."""
+        for i, key in enumerate(keys):
+            if i + 1 < len(keys):
+                self._advise_willneed(keys[i + 1])
+            try:
+                yield self.read_page(key)
+            except PageError as exc:
+                yield exc
+
+    def _advise_willneed(self, key: str) -> None:
+        with contextlib.suppress(OSError):
+            fd = os.open(self._page_path(key), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+
+    def touch(self, key: str) -> None:
+        """Mark every snapshot holding `key` as just used (LRU order survives restarts)."""
+        now = time.time()
+        with self._lock:
+            for snap_key in self._refs.get(key, ()):
+                self._snapshots[snap_key].last_used = now
+                if self.writer:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.utime(self._snapshot_dir() / f"{snap_key}.json", (now, now))
+
+    def quarantine(self, key: str) -> None:
+        """Remove a bad page and every snapshot that lists it, so it is never matched again."""
+        with self._lock:
+            log.warning("SparkCache: page %s failed verification; removing it and its snapshots", key[:16])
+            self._drop_snapshots(sorted(self._refs.get(key, ())))
+            unlink_quietly(self._page_path(key))
+
+    # -- accounting and eviction ---------------------------------------------------------
+    def total_bytes(self) -> int:
+        with self._lock:
+            pages = sum(r.nbytes for k, r in self._pages.items() if k in self._refs)
+            return pages + sum(s.manifest_bytes for s in self._snapshots.values())
+
+    def snapshots(self) -> list[Snapshot]:
+        with self._lock:
+            return sorted(self._snapshots.values(), key=lambda s: s.last_used)
+
+    def _drop_snapshots(self, snap_keys: list[str]) -> None:
+        """Manifests first (durably), then the pages no remaining manifest lists."""
+        freed: set[str] = set()
+        for snap_key in snap_keys:
+            snap = self._snapshots.pop(snap_key, None)
+            if snap is None:
+                continue
+            unlink_quietly(self._snapshot_dir() / f"{snap_key}.json")
+            for key in snap.pages:
+                refs = self._refs.get(key)
+                if refs is not None:
+                    refs.discard(snap_key)
+                    if not refs:
+                        del self._refs[key]
+                        self._pages.pop(key, None)
+                        freed.add(key)
+        if snap_keys:
+            fsync_dir(self._snapshot_dir())
+        for key in freed:
+            unlink_quietly(self._page_path(key))
+        for sub in {key[:2] for key in freed}:
+            fsync_dir(self.dir / "pages" / sub)
+
+    def evict(self, need_bytes: int = 0, keep: frozenset[str] = frozenset()) -> list[str]:
+        """Apply the TTL, then make room for `need_bytes` under max_bytes, oldest use first.
+
+        When over the limit, eviction goes down to the low watermark so it does not run on
+        every publication. Snapshots whose pages are in `keep` (about to be reused) stay.
+        """
+        evicted: list[str] = []
+        with self._lock:
+            if self.limits.ttl_seconds is not None:
+                horizon = time.time() - self.limits.ttl_seconds
+                expired = [s.key for s in self.snapshots() if s.last_used < horizon]
+                self._drop_snapshots(expired)
+                evicted += expired
+            max_bytes = self.limits.max_bytes
+            if max_bytes is not None and self.total_bytes() + need_bytes > max_bytes:
+                target = int(max_bytes * self.limits.low_watermark) - need_bytes
+                for snap in self.snapshots():
+                    if self.total_bytes() <= target:
+                        break
+                    if keep.isdisjoint(snap.pages):
+                        self._drop_snapshots([snap.key])
+                        evicted.append(snap.key)
+        return evicted
+
+    # -- publication ---------------------------------------------------------------------
+    def publish(self, keys: list[str], tokens: int, pages: dict[str, Page]) -> PublishResult:
+        """Publish the snapshot of the prefix `keys` (chain order); `pages` holds at least
+        every page the store does not have. Never raises for disk trouble: a publication that
+        cannot complete is skipped and leaves no visible trace."""
+        if not self.writer:
+            raise RuntimeError("publish needs the writer store")
+        snap_key = keys[-1]
+        manifest_path = self._snapshot_dir() / f"{snap_key}.json"
+        with self._lock:
+            if snap_key in self._snapshots:
+                self.touch(snap_key)
+                return PublishResult("exists")
+            todo = [k for k in keys if k not in self._refs]
+            absent = [k for k in todo if k not in pages]
+            if absent:
+                return PublishResult("skipped", f"{len(absent)} page(s) neither stored nor supplied")
+        blobs = {k: encode_page(pages[k]) for k in todo}
+        sizes = {k: len(head) + memoryview(payload).nbytes for k, (head, payload) in blobs.items()}
+        need = sum(sizes.values()) + 4096
+        if self.limits.max_bytes is not None and need > self.limits.max_bytes:
+            return PublishResult("skipped", f"snapshot of {need} bytes exceeds max_bytes")
+        evicted = self.evict(need, keep=frozenset(keys))
+        free = shutil.disk_usage(self.dir).free
+        if free < need + self.limits.reserve_bytes:
+            return PublishResult("skipped", f"disk full: {free} bytes free, {need} needed", evicted=evicted)
+        written: list[str] = []
+        tmp_dir = self.dir / "tmp"
+        try:
+            for key, blob in blobs.items():
+                final = self._page_path(key)
+                final.parent.mkdir(exist_ok=True)
+                tmp = tmp_dir / f"{key}.{os.getpid()}"
+                unlink_quietly(tmp)
+                write_synced(tmp, *blob)
+                publish_file(tmp, final)
+                written.append(key)
+            records = {k: PageRecord(page_sha256(*b), sizes[k]) for k, b in blobs.items()}
+            with self._lock:
+                for key in keys:
+                    if key not in records:
+                        records[key] = self._pages[key]
+            body: dict[str, object] = {
+                "format_version": self.identity.format_version,
+                "identity": self.digest,
+                "snapshot": snap_key,
+                "tokens": tokens,
+                "created": time.time(),
+                "pages": [[k, records[k].sha256, records[k].nbytes] for k in keys],
+            }
+            body["checksum"] = manifest_checksum(body)
+            raw = json.dumps(body, sort_keys=True).encode()
+            tmp = tmp_dir / f"{snap_key}.json.{os.getpid()}"
+            unlink_quietly(tmp)
+            write_synced(tmp, raw)
+            publish_file(tmp, manifest_path)  # the commit point
+        except (OSError, KeyError) as exc:
+            with self._lock:
+                for key in written:
+                    if key not in self._refs:
+                        unlink_quietly(self._page_path(key))
+            reason = "disk full" if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) else "error"
+            log.warning("SparkCache: publication of %s skipped (%s: %s)", snap_key[:16], reason, exc)
+            return PublishResult("skipped", f"{reason}: {exc}", evicted=evicted)
+        with self._lock:
+            for key, rec in records.items():
+                self._pages[key] = rec
+            self._add(Snapshot(snap_key, list(keys), tokens, time.time(), len(raw)))
+            self._seen_mtime = self._snapshot_dir().stat().st_mtime_ns
+        return PublishResult("published", bytes_written=need, evicted=evicted)

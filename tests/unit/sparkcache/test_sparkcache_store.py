@@ -1,0 +1,206 @@
+"""The page store on a real filesystem: publication, discovery, verification, limits, faults."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkcache.chunks import chunk_keys
+from sparkcache.identity import CacheIdentity
+from sparkcache.pages import LayerLayout, Page, PageError
+from sparkcache.store import IdentityMismatch, SparkCacheStore, StoreBusy, StoreLimits
+
+REPO = Path(__file__).resolve().parents[3]
+IDENTITY = CacheIdentity("model@1", "none", "float32", "FullAttentionSpec:test", 128, 1, 0, 1, 0, 1)
+
+
+def page(store: SparkCacheStore, key: str, nbytes: int = 4096, fill: int = 7) -> Page:
+    return Page(key, store.digest, (LayerLayout("l0", "uint8", (nbytes,), nbytes),), bytes([fill]) * nbytes)
+
+
+def publish_prompt(store: SparkCacheStore, tokens: list[int], nbytes: int = 4096) -> list[str]:
+    keys = chunk_keys(tokens)
+    result = store.publish(keys, len(keys) * 256, {k: page(store, k, nbytes) for k in store.missing(keys)})
+    assert result.status == "published", result.reason
+    return keys
+
+
+def prompt(seed: int, chunks: int) -> list[int]:
+    return [seed] * 256 + list(range(256 * (chunks - 1)))
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = SparkCacheStore(tmp_path, IDENTITY, writer=True)
+    yield s
+    s.close()
+
+
+def reopen(store: SparkCacheStore, limits: StoreLimits | None = None) -> SparkCacheStore:
+    store.close()
+    return SparkCacheStore(store.dir.parent, IDENTITY, limits, writer=True)
+
+
+def test_publish_then_discover_in_a_new_process_view(store: SparkCacheStore) -> None:
+    keys = publish_prompt(store, prompt(1, 3))
+    fresh = reopen(store)
+    assert fresh.match(keys) == 3
+    assert fresh.match([*keys[:2], "f" * 64]) == 2
+    assert [bytes(fresh.read_page(k).payload[:1]) for k in keys] == [b"\x07"] * 3
+    fresh.close()
+
+
+def test_shared_prefix_pages_are_stored_once(store: SparkCacheStore) -> None:
+    short = publish_prompt(store, prompt(1, 2))
+    long = publish_prompt(store, prompt(1, 4))
+    assert long[:2] == short
+    assert len(list((store.dir / "pages").glob("*/*.page"))) == 4
+    assert store.publish(long, 1024, {}).status == "exists"
+
+
+def test_discovery_reads_metadata_only_and_restore_verifies(store: SparkCacheStore) -> None:
+    keys = publish_prompt(store, prompt(2, 2))
+    victim = store.dir / "pages" / keys[1][:2] / f"{keys[1]}.page"
+    data = bytearray(victim.read_bytes())
+    data[-10] ^= 0x01  # one flipped bit in the KV payload
+    victim.write_bytes(bytes(data))
+    fresh = reopen(store)
+    assert fresh.match(keys) == 2  # discovery does not read page bytes
+    fresh.read_page(keys[0])
+    with pytest.raises(PageError, match="sha256"):
+        fresh.read_page(keys[1])
+    # The bad page and every snapshot listing it are gone: never matched, never served again.
+    assert fresh.match(keys) == 0
+    assert not victim.exists()
+    assert fresh.snapshots() == []
+    fresh.close()
+
+
+def test_reader_sees_publications_and_evictions(store: SparkCacheStore, tmp_path: Path) -> None:
+    reader = SparkCacheStore(tmp_path, IDENTITY, writer=False)
+    keys = publish_prompt(store, prompt(3, 2))
+    reader.refresh()
+    assert reader.match(keys) == 2
+    store.quarantine(keys[0])
+    reader.refresh()
+    assert reader.match(keys) == 0
+
+
+def test_other_geometry_is_never_read(store: SparkCacheStore, tmp_path: Path) -> None:
+    keys = publish_prompt(store, prompt(4, 2))
+    for field, value in [
+        ("kv_dtype", "bfloat16"),
+        ("tp_size", 2),
+        ("interleave", 2),
+        ("model_revision", "m@2"),
+    ]:
+        other = CacheIdentity(**{**IDENTITY.record(), field: value})
+        assert other.dirname() != IDENTITY.dirname()
+        assert SparkCacheStore(tmp_path, other, writer=False).match(keys) == 0
+    # A directory whose recorded identity differs from its name is refused outright.
+    store.close()
+    (store.dir / "identity.json").write_text(json.dumps({**IDENTITY.record(), "kv_dtype": "fp8"}))
+    with pytest.raises(IdentityMismatch, match="refusing"):
+        SparkCacheStore(tmp_path, IDENTITY, writer=False)
+    for _ in range(2):  # a refused writer releases the directory (else: StoreBusy the second time)
+        with pytest.raises(IdentityMismatch):
+            SparkCacheStore(tmp_path, IDENTITY, writer=True)
+
+
+def test_one_writer_per_directory(store: SparkCacheStore, tmp_path: Path) -> None:
+    with pytest.raises(StoreBusy):
+        SparkCacheStore(tmp_path, IDENTITY, writer=True)
+
+
+def test_limits_evict_least_recently_used_to_the_low_watermark(tmp_path: Path) -> None:
+    limits = StoreLimits(max_bytes=40_000, low_watermark=0.8, reserve_bytes=0)
+    store = SparkCacheStore(tmp_path, IDENTITY, limits, writer=True)
+    a = publish_prompt(store, prompt(10, 2))  # ~8.6 kB each
+    time.sleep(0.01)
+    b = publish_prompt(store, prompt(11, 2))
+    time.sleep(0.01)
+    c = publish_prompt(store, prompt(12, 2))
+    time.sleep(0.01)
+    store.touch(a[-1])  # a is now the most recently used
+    e = publish_prompt(store, prompt(14, 2))
+    survivors = {s.key for s in store.snapshots()}
+    assert survivors == {a[-1], c[-1], e[-1]}  # b, the least recently used, went first
+    assert b[-1] not in survivors  # least recently used went first
+    assert store.total_bytes() <= limits.max_bytes
+    fresh = reopen(store, limits)  # the LRU order survives a restart (manifest mtimes)
+    assert [s.key for s in fresh.snapshots()] == [c[-1], a[-1], e[-1]]
+    fresh.close()
+
+
+def test_ttl_expires_unused_snapshots(tmp_path: Path) -> None:
+    store = SparkCacheStore(tmp_path, IDENTITY, StoreLimits(ttl_seconds=60, reserve_bytes=0), writer=True)
+    old = publish_prompt(store, prompt(20, 1))
+    manifest = store.dir / "snapshots" / f"{old[-1]}.json"
+    os.utime(manifest, (time.time() - 3600, time.time() - 3600))
+    store = reopen(store, StoreLimits(ttl_seconds=60, reserve_bytes=0))
+    new = publish_prompt(store, prompt(21, 1))
+    assert {s.key for s in store.snapshots()} == {new[-1]}
+    assert store.match(old) == 0
+    store.close()
+
+
+def test_crash_leftovers_are_removed_on_open(store: SparkCacheStore) -> None:
+    keys = publish_prompt(store, prompt(30, 2))
+    orphan = store.dir / "pages" / "ab" / ("ab" + "0" * 62 + ".page")
+    orphan.parent.mkdir(exist_ok=True)
+    orphan.write_bytes(b"half a page")
+    (store.dir / "tmp" / "x.123").write_bytes(b"unpublished")
+    fresh = reopen(store)
+    assert not orphan.exists() and not any((fresh.dir / "tmp").iterdir())
+    assert fresh.match(keys) == 2
+    fresh.close()
+
+
+def test_kill_9_during_publication_leaves_only_verified_snapshots(tmp_path: Path) -> None:
+    """The benchmark's crash loop, 8 kills here (the benchmark runs >= 100)."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "sparkcache"))
+    import crashloop
+
+    result = crashloop.run(tmp_path / "crash", iterations=8)
+    assert result["failures"] == 0, result["failure_details"]
+    assert result["pages_verified_after_kills"] > 0
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path):
+    """A 256 KiB tmpfs this test mounts and removes: a disk that really fills up."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "sparkcache-test", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "--lazy", str(mnt)], check=True)
+
+
+def test_disk_full_skips_publication_and_keeps_serving(tiny_tmpfs: Path) -> None:
+    store = SparkCacheStore(tiny_tmpfs, IDENTITY, StoreLimits(reserve_bytes=0), writer=True)
+    try:
+        small = publish_prompt(store, prompt(40, 1), nbytes=1000)
+        free = os.statvfs(tiny_tmpfs).f_bavail * os.statvfs(tiny_tmpfs).f_frsize
+        # Pages of just over 4 KiB take 8 KiB each on tmpfs: the free-space check passes and
+        # the writes themselves hit ENOSPC part way through.
+        n = free // 6000
+        keys = chunk_keys(prompt(41, n))
+        result = store.publish(keys, n * 256, {k: page(store, k, 4200) for k in keys})
+        assert result.status == "skipped" and "disk full" in result.reason
+        # Too big for the free space outright: refused before writing anything.
+        huge = chunk_keys(prompt(42, 1))
+        assert "disk full" in store.publish(huge, 256, {huge[0]: page(store, huge[0], 1 << 20)}).reason
+        assert sorted(p.stem for p in (store.dir / "pages").glob("*/*.page")) == sorted(small)
+        assert not any((store.dir / "tmp").iterdir())
+        assert store.match(keys) == 0 and store.match(small) == 1
+        assert bytes(store.read_page(small[0]).payload) == bytes([7]) * 1000  # serving goes on
+    finally:
+        store.close()
