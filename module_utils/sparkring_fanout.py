@@ -1,0 +1,663 @@
+# Copyright: SparkRing contributors. Apache-2.0.
+"""Verified, pipelined fan-out of one archive over the direct ring links (DESIGN §3.4).
+
+Rank 0 holds the archive and its manifest (whole sha256 plus one sha256 per chunk, computed
+before the first byte moves). Every other rank receives chunks from its ring neighbours only:
+ranks on the near half of each side take every chunk from the neighbour towards rank 0, the
+antipodal rank takes the even chunks from its left and the odd ones from its right, so both
+directions of the ring carry data and no link carries more than the archive once. A relay
+forwards each chunk as soon as it is verified, so reaching every rank costs about one link
+transfer. Chunks are checked against the manifest (which travels over the management path,
+never the data links), bad ones are asked for again, the partial file is renamed only after
+the whole sha256 matches, and a restarted transfer keeps every chunk already verified.
+
+Standard library only: this file ships to the nodes with the sparkring_image_fanout module,
+and runs as a script (``python3 sparkring_fanout.py manifest|run``) for benchmarks and tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
+DEFAULT_PORT = 29610
+PROTOCOL = "sparkring-fanout/1"
+_HEADER = struct.Struct("!I")
+_MAX_HEADER = 1 << 20
+
+
+class FanoutError(Exception):
+    """A transfer that must stop; the message names the rank, edge or file and the fix."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What every rank must end up with, known before the first byte moves."""
+
+    name: str
+    sha256: str
+    size: int
+    chunk_size: int
+    chunks: tuple[str, ...]
+    image_ref: str = ""
+    image_id: str = ""
+    image_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        expected = max(1, -(-self.size // self.chunk_size))
+        if self.chunk_size <= 0 or len(self.chunks) != expected:
+            raise FanoutError(
+                f"manifest {self.name}: {len(self.chunks)} chunk hashes for {self.size} bytes in "
+                f"chunks of {self.chunk_size} (expected {expected}); re-export the archive"
+            )
+        if "/" in self.name or self.name in ("", ".", ".."):
+            raise FanoutError(f"manifest name {self.name!r} must be a plain file name")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Manifest:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - known
+        if unknown:
+            raise FanoutError(f"manifest has unknown keys {sorted(unknown)}")
+        return cls(**{**data, "chunks": tuple(data["chunks"])})
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "chunks": list(self.chunks)}
+
+    def chunk_range(self, index: int) -> tuple[int, int]:
+        start = index * self.chunk_size
+        return start, min(self.chunk_size, self.size - start)
+
+
+class ManifestBuilder:
+    """Hash an archive as it streams by: the whole sha256 and one per chunk, in one pass."""
+
+    def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
+        self.chunk_size = chunk_size
+        self.whole = hashlib.sha256()
+        self.current = hashlib.sha256()
+        self.filled = 0
+        self.size = 0
+        self.chunks: list[str] = []
+
+    def update(self, data: bytes) -> None:
+        view = memoryview(data)
+        self.whole.update(view)
+        self.size += len(view)
+        while view:
+            take = min(len(view), self.chunk_size - self.filled)
+            self.current.update(view[:take])
+            self.filled += take
+            view = view[take:]
+            if self.filled == self.chunk_size:
+                self.chunks.append(self.current.hexdigest())
+                self.current, self.filled = hashlib.sha256(), 0
+
+    def finish(self, name: str, **image: object) -> Manifest:
+        chunks = list(self.chunks)
+        if self.filled or not chunks:
+            chunks.append(self.current.hexdigest())
+        return Manifest(
+            name=name,
+            sha256=self.whole.hexdigest(),
+            size=self.size,
+            chunk_size=self.chunk_size,
+            chunks=tuple(chunks),
+            **image,  # type: ignore[arg-type]
+        )
+
+
+def build_manifest(path: str, chunk_size: int = DEFAULT_CHUNK_SIZE, **image: object) -> Manifest:
+    """Hash a finished archive once: the whole sha256 and every chunk's."""
+    builder = ManifestBuilder(chunk_size)
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            builder.update(block)
+    return builder.finish(os.path.basename(path), **image)
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Route:
+    """One direction of one link: the chunks with ``index % modulus == residue`` go over it."""
+
+    peer_rank: int
+    modulus: int = 1
+    residue: int = 0
+
+    def indices(self, count: int) -> list[int]:
+        return [i for i in range(count) if i % self.modulus == self.residue]
+
+
+def plan_routes(world_size: int, rank: int, source: int = 0) -> tuple[list[Route], list[Route]]:
+    """Incoming and outgoing routes of ``rank``: each rank is fed along its shorter side."""
+    if world_size < 2 or world_size % 2:
+        raise FanoutError(f"world size {world_size}: the ring needs an even number of ranks >= 2")
+    if not 0 <= rank < world_size:
+        raise FanoutError(f"rank {rank} outside 0..{world_size - 1}")
+
+    def feeds(r: int) -> list[Route]:
+        """Who feeds rank r, expressed as routes whose peer is the feeder."""
+        if r == source:
+            return []
+        clockwise = (r - source) % world_size
+        left, right = (r - 1) % world_size, (r + 1) % world_size
+        if left == right or clockwise < world_size - clockwise:
+            return [Route(left)]
+        if clockwise > world_size - clockwise:
+            return [Route(right)]
+        return [Route(left, 2, 0), Route(right, 2, 1)]
+
+    incoming = feeds(rank)
+    outgoing = [
+        Route(other, route.modulus, route.residue)
+        for other in ((rank + 1) % world_size, (rank - 1) % world_size)
+        for route in feeds(other)
+        if route.peer_rank == rank
+    ]
+    # On a pair both neighbours are the same rank: one route, not two.
+    return incoming, list(dict.fromkeys(outgoing))
+
+
+@dataclass(frozen=True)
+class Link:
+    """This rank's end of one ring cable, from the inventory's sparkring_ports."""
+
+    peer_rank: int
+    local_address: str
+    peer_address: str
+
+
+@dataclass
+class Stats:
+    """What happened, returned to Ansible and written to the progress file."""
+
+    resumed_chunks: int = 0
+    received_chunks: int = 0
+    received_bytes: int = 0
+    rejected_chunks: int = 0
+    sent_bytes: dict = field(default_factory=dict)
+    refused: list = field(default_factory=list)
+
+
+class ChunkStore:
+    """The archive being assembled: a .partial file, which chunks are verified, and waiters."""
+
+    def __init__(self, manifest: Manifest, final_path: str, complete: bool = False) -> None:
+        self.manifest = manifest
+        self.final_path = final_path
+        self.partial_path = final_path + ".partial"
+        self.count = len(manifest.chunks)
+        self.have: set[int] = set()
+        self.failure: BaseException | None = None
+        self.cond = threading.Condition()
+        if complete:
+            self.fd = os.open(final_path, os.O_RDONLY)
+            self.have = set(range(self.count))
+            return
+        existed = os.path.exists(self.partial_path)
+        self.fd = os.open(self.partial_path, os.O_RDWR | os.O_CREAT, 0o644)
+        if existed:
+            self.have = self._scan()
+        os.ftruncate(self.fd, manifest.size)
+
+    def _scan(self) -> set[int]:
+        """Chunks of an interrupted transfer that still match the manifest."""
+        length = os.fstat(self.fd).st_size
+        good = set()
+        for index, digest in enumerate(self.manifest.chunks):
+            start, size = self.manifest.chunk_range(index)
+            if start + size > length:
+                break
+            if hashlib.sha256(os.pread(self.fd, size, start)).hexdigest() == digest:
+                good.add(index)
+        return good
+
+    def missing(self, route: Route) -> list[int]:
+        with self.cond:
+            return [i for i in route.indices(self.count) if i not in self.have]
+
+    def put(self, index: int, data: bytes) -> bool:
+        """Write a chunk only if it matches the manifest; False means ask for it again."""
+        if not 0 <= index < self.count:
+            raise FanoutError(f"chunk index {index} outside 0..{self.count - 1}")
+        start, size = self.manifest.chunk_range(index)
+        if len(data) != size or hashlib.sha256(data).hexdigest() != self.manifest.chunks[index]:
+            return False
+        os.pwrite(self.fd, data, start)
+        with self.cond:
+            self.have.add(index)
+            self.cond.notify_all()
+        return True
+
+    def read(self, index: int) -> bytes:
+        start, size = self.manifest.chunk_range(index)
+        return os.pread(self.fd, size, start)
+
+    def next_available(self, pending: set[int], timeout: float) -> int:
+        """The lowest pending chunk already verified here, waiting for one to arrive."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                if self.failure is not None:
+                    raise FanoutError(f"stopped: {self.failure}")
+                ready = pending & self.have
+                if ready:
+                    return min(ready)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise FanoutError(f"no new chunk for {timeout:.0f}s while relaying")
+                self.cond.wait(left)
+
+    def abort(self, error: BaseException) -> None:
+        with self.cond:
+            if self.failure is None:
+                self.failure = error
+            self.cond.notify_all()
+
+    def finalize(self) -> None:
+        """Verify the whole file, then give it its final name (never before)."""
+        if len(self.have) != self.count:
+            raise FanoutError(f"{self.partial_path}: {self.count - len(self.have)} chunks still missing")
+        os.fsync(self.fd)
+        actual = file_sha256(self.partial_path)
+        if actual != self.manifest.sha256:
+            raise FanoutError(
+                f"{self.partial_path}: sha256 {actual} != manifest {self.manifest.sha256} although every "
+                "chunk matched; the manifest is inconsistent, re-export on rank 0"
+            )
+        os.rename(self.partial_path, self.final_path)
+        dir_fd = os.open(os.path.dirname(self.final_path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def final_state(final_path: str, manifest: Manifest) -> str:
+    """'absent', 'verified', or 'different' (a file with that name that is not this archive)."""
+    if not os.path.lexists(final_path):
+        return "absent"
+    if not os.path.isfile(final_path) or os.path.islink(final_path):
+        return "different"
+    if os.path.getsize(final_path) != manifest.size:
+        return "different"
+    return "verified" if file_sha256(final_path) == manifest.sha256 else "different"
+
+
+def bytes_needed(final_path: str, manifest: Manifest) -> int:
+    """Disk bytes a transfer still has to allocate (a resumed .partial already holds its size)."""
+    partial = final_path + ".partial"
+    held = os.stat(partial).st_blocks * 512 if os.path.exists(partial) else 0
+    return max(0, manifest.size - held)
+
+
+def check_space(dest: str, manifest: Manifest, reserve_bytes: int, rank: int) -> int:
+    """Refuse before any byte moves when the archive would not fit and leave the reserve free."""
+    needed = bytes_needed(os.path.join(dest, manifest.name), manifest)
+    stat = os.statvfs(dest)
+    free = stat.f_bavail * stat.f_frsize
+    if free - needed < reserve_bytes:
+        raise FanoutError(
+            f"rank {rank}: {dest} has {free} bytes free; the archive needs {needed} more and "
+            f"{reserve_bytes} must stay free; free space there or lower reserve_bytes"
+        )
+    return free
+
+
+def send_msg(sock: socket.socket, header: dict, payload: bytes = b"") -> None:
+    body = json.dumps({**header, "len": len(payload)}).encode()
+    sock.sendall(_HEADER.pack(len(body)) + body)
+    if payload:
+        sock.sendall(payload)
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    view = bytearray(size)
+    got = 0
+    while got < size:
+        read = sock.recv_into(memoryview(view)[got:], size - got)
+        if not read:
+            raise FanoutError("connection closed by the peer")
+        got += read
+    return bytes(view)
+
+
+def recv_msg(sock: socket.socket) -> tuple[dict, bytes]:
+    (length,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    if length > _MAX_HEADER:
+        raise FanoutError(f"protocol header of {length} bytes: not a {PROTOCOL} peer")
+    header = json.loads(_recv_exact(sock, length))
+    payload = _recv_exact(sock, header["len"]) if header.get("len") else b""
+    if header.get("type") == "error":
+        raise FanoutError(f"peer refused: {header.get('reason')}")
+    return header, payload
+
+
+@dataclass
+class RankConfig:
+    """Everything one rank's agent needs; built by the module from inventory hostvars."""
+
+    manifest: Manifest
+    dest: str
+    rank: int
+    world_size: int
+    links: list[Link]
+    port: int = DEFAULT_PORT
+    connect_timeout: float = 120.0
+    io_timeout: float = 60.0
+    max_resends: int = 3
+    progress_path: str | None = None
+    reserve_bytes: int = 0
+    max_rate_mbit: int = 0
+    fault_corrupt_chunks: frozenset[int] = frozenset()
+
+
+class RankAgent:
+    """One rank's part of a fan-out: listen for its feeders, forward to the ranks it feeds."""
+
+    def __init__(self, config: RankConfig, progress=None) -> None:
+        self.config = config
+        self.manifest = config.manifest
+        self.final_path = os.path.join(config.dest, self.manifest.name)
+        self.incoming, self.outgoing = plan_routes(config.world_size, config.rank)
+        self.stats = Stats()
+        self.progress = progress
+        self._stats_lock = threading.Lock()
+        self._started = time.monotonic()
+        self._last_progress = 0.0
+        self._conns: list[socket.socket] = []
+        self._report_lock = threading.Lock()
+
+    def link_to(self, peer_rank: int) -> Link:
+        for link in self.config.links:
+            if link.peer_rank == peer_rank:
+                return link
+        raise FanoutError(
+            f"rank {self.config.rank} has no ring port facing rank {peer_rank}; check the inventory ring_ports"
+        )
+
+    def run(self) -> Stats:
+        state = final_state(self.final_path, self.manifest)
+        if state == "different":
+            raise FanoutError(
+                f"rank {self.config.rank}: {self.final_path} exists and is not archive {self.manifest.sha256}; "
+                "refusing to overwrite it: move it away or choose another destination"
+            )
+        complete = state == "verified"
+        if self.config.rank == 0 and not complete:
+            raise FanoutError(f"rank 0 has no archive at {self.final_path}; export it first")
+        if not complete:
+            check_space(self.config.dest, self.manifest, self.config.reserve_bytes, self.config.rank)
+        store = ChunkStore(self.manifest, self.final_path, complete=complete)
+        self.stats.resumed_chunks = 0 if complete else len(store.have)
+        listeners = [self._listen(self.link_to(route.peer_rank)) for route in self.incoming]
+        threads = [
+            threading.Thread(target=self._guard, args=(store, self._receive, sock, route), daemon=True)
+            for sock, route in zip(listeners, self.incoming, strict=True)
+        ] + [
+            threading.Thread(target=self._guard, args=(store, self._send, route), daemon=True)
+            for route in self.outgoing
+        ]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if store.failure is not None:
+                raise store.failure
+            if not complete:
+                store.finalize()
+        finally:
+            for sock in listeners:
+                sock.close()
+            store.close()
+            self._report(store, force=True)
+        return self.stats
+
+    def _guard(self, store: ChunkStore, work, *args) -> None:
+        try:
+            work(store, *args)
+        except BaseException as error:  # any failure stops every thread of this rank
+            store.abort(error)
+            with self._stats_lock:
+                for conn in self._conns:
+                    with contextlib.suppress(OSError):
+                        conn.shutdown(socket.SHUT_RDWR)
+
+    def _track(self, conn: socket.socket) -> socket.socket:
+        """Remember a connection so a failure elsewhere can unblock it at once."""
+        with self._stats_lock:
+            self._conns.append(conn)
+        return conn
+
+    def _listen(self, link: Link) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((link.local_address, self.config.port))
+        except OSError as error:
+            sock.close()
+            raise FanoutError(
+                f"rank {self.config.rank}: cannot listen on {link.local_address}:{self.config.port} "
+                f"({error.strerror}); is another fan-out running, or is the port taken?"
+            ) from error
+        sock.listen(4)
+        return sock
+
+    def _accept_neighbour(self, store: ChunkStore, listener: socket.socket, link: Link) -> socket.socket:
+        """Wait for the feeder; anything else that connects is refused and recorded."""
+        deadline = time.monotonic() + self.config.connect_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or store.failure is not None:
+                raise FanoutError(
+                    f"rank {self.config.rank}: rank {link.peer_rank} never connected from {link.peer_address} "
+                    f"within {self.config.connect_timeout:.0f}s; is the fan-out running there?"
+                )
+            listener.settimeout(min(left, 1.0))
+            try:
+                conn, (address, _port) = listener.accept()
+            except TimeoutError:
+                continue
+            if address == link.peer_address:
+                conn.settimeout(self.config.io_timeout)
+                return self._track(conn)
+            reason = (
+                f"rank {self.config.rank} accepts fan-out data on {link.local_address} only from its ring "
+                f"neighbour rank {link.peer_rank} at {link.peer_address}, not from {address}"
+            )
+            with self._stats_lock:
+                self.stats.refused.append({"address": address, "reason": reason})
+            with contextlib.suppress(OSError):
+                send_msg(conn, {"type": "error", "reason": reason})
+            conn.close()
+
+    def _receive(self, store: ChunkStore, listener: socket.socket, route: Route) -> None:
+        link = self.link_to(route.peer_rank)
+        conn = self._accept_neighbour(store, listener, link)
+        edge = f"rank {route.peer_rank} -> rank {self.config.rank}"
+        with conn:
+            hello, _ = recv_msg(conn)
+            if hello.get("protocol") != PROTOCOL or hello.get("sha256") != self.manifest.sha256:
+                reason = f"{edge}: offered {hello.get('sha256')}, this rank expects {self.manifest.sha256}"
+                send_msg(conn, {"type": "error", "reason": reason})
+                raise FanoutError(reason)
+            for attempt in range(self.config.max_resends + 2):
+                need = store.missing(route)
+                if need and attempt > self.config.max_resends:
+                    break
+                send_msg(conn, {"type": "need", "chunks": need})
+                if not need:
+                    return
+                while True:
+                    header, payload = recv_msg(conn)
+                    if header["type"] == "end":
+                        break
+                    if store.put(header["index"], payload):
+                        with self._stats_lock:
+                            self.stats.received_chunks += 1
+                            self.stats.received_bytes += len(payload)
+                    else:
+                        with self._stats_lock:
+                            self.stats.rejected_chunks += 1
+                    self._report(store)
+            reason = (
+                f"{edge}: chunks {need[:8]} failed verification {self.config.max_resends + 1} times; "
+                f"check the link and the archive on rank {route.peer_rank}"
+            )
+            send_msg(conn, {"type": "error", "reason": reason})
+            raise FanoutError(reason)
+
+    def _connect(self, link: Link) -> socket.socket:
+        deadline = time.monotonic() + self.config.connect_timeout
+        while True:
+            try:
+                return self._track(
+                    socket.create_connection(
+                        (link.peer_address, self.config.port),
+                        timeout=self.config.io_timeout,
+                        source_address=(link.local_address, 0),
+                    )
+                )
+            except OSError as error:
+                if time.monotonic() >= deadline:
+                    raise FanoutError(
+                        f"rank {self.config.rank} cannot reach rank {link.peer_rank} at "
+                        f"{link.peer_address}:{self.config.port} ({error}); is the fan-out running there?"
+                    ) from error
+                time.sleep(0.2)
+
+    def _send(self, store: ChunkStore, route: Route) -> None:
+        link = self.link_to(route.peer_rank)
+        edge = f"rank {self.config.rank} -> rank {route.peer_rank}"
+        corrupt = set(self.config.fault_corrupt_chunks)
+        # Optional pacing (leave room for serving traffic): bytes this link may have sent by now.
+        rate = self.config.max_rate_mbit * 125_000
+        started, paced = time.monotonic(), 0
+        with self._connect(link) as conn:
+            send_msg(conn, {"type": "hello", "protocol": PROTOCOL, "sha256": self.manifest.sha256})
+            while True:
+                header, _ = recv_msg(conn)
+                pending = set(header["chunks"])
+                if not pending:
+                    return
+                while pending:
+                    index = store.next_available(pending, self.config.io_timeout)
+                    pending.discard(index)
+                    data = store.read(index)
+                    if index in corrupt:  # fault injection for tests: flip one byte, once
+                        corrupt.discard(index)
+                        data = bytes([data[0] ^ 0xFF]) + data[1:]
+                    try:
+                        send_msg(conn, {"type": "chunk", "index": index}, data)
+                    except OSError as error:
+                        raise FanoutError(f"{edge}: {error}") from error
+                    with self._stats_lock:
+                        key = str(route.peer_rank)
+                        self.stats.sent_bytes[key] = self.stats.sent_bytes.get(key, 0) + len(data)
+                    if rate:
+                        paced += len(data)
+                        time.sleep(max(0.0, started + paced / rate - time.monotonic()))
+                send_msg(conn, {"type": "end"})
+
+    def _report(self, store: ChunkStore, force: bool = False) -> None:
+        with self._report_lock:  # receiver threads report concurrently; one writer at a time
+            self._report_locked(store, force)
+
+    def _report_locked(self, store: ChunkStore, force: bool) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_progress < 0.5:
+            return
+        self._last_progress = now
+        with store.cond:
+            have = len(store.have)
+        with self._stats_lock:
+            state = {
+                "rank": self.config.rank,
+                "phase": "transfer",
+                "pid": os.getpid(),
+                "archive": self.manifest.name,
+                "chunks_verified": have,
+                "chunks_total": store.count,
+                "percent": round(100.0 * have / store.count, 1),
+                "received_bytes": self.stats.received_bytes,
+                "resumed_chunks": self.stats.resumed_chunks,
+                "elapsed_s": round(now - self._started, 2),
+                "rejected_chunks": self.stats.rejected_chunks,
+            }
+        if self.config.progress_path:
+            write_json_atomic(self.config.progress_path, state)
+        if self.progress is not None:
+            self.progress(state)
+
+
+def write_json_atomic(path: str, data: object) -> None:
+    """Write, fsync, rename: a reader sees the old file or the new one, never half of one."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def config_from_dict(data: dict) -> RankConfig:
+    return RankConfig(
+        manifest=Manifest.from_dict(data["manifest"]),
+        dest=data["dest"],
+        rank=int(data["rank"]),
+        world_size=int(data["world_size"]),
+        links=[Link(**link) for link in data["links"]],
+        port=int(data.get("port", DEFAULT_PORT)),
+        connect_timeout=float(data.get("connect_timeout", 120.0)),
+        io_timeout=float(data.get("io_timeout", 60.0)),
+        max_resends=int(data.get("max_resends", 3)),
+        progress_path=data.get("progress_path"),
+        reserve_bytes=int(data.get("reserve_bytes", 0)),
+        max_rate_mbit=int(data.get("max_rate_mbit", 0)),
+        fault_corrupt_chunks=frozenset(data.get("fault_corrupt_chunks", ())),
+    )
+
+
+def _main(argv: list[str]) -> int:
+    """``manifest FILE [CHUNK_SIZE]`` prints a manifest; ``run`` reads a RankConfig as JSON on stdin."""
+    if len(argv) >= 2 and argv[0] == "manifest":
+        size = int(argv[2]) if len(argv) > 2 else DEFAULT_CHUNK_SIZE
+        print(json.dumps(build_manifest(argv[1], size).to_dict()))
+        return 0
+    if argv == ["run"]:
+        config = config_from_dict(json.load(sys.stdin))
+        try:
+            stats = RankAgent(config, progress=lambda s: print(json.dumps(s), file=sys.stderr)).run()
+        except (FanoutError, OSError) as error:
+            print(json.dumps({"failed": True, "msg": str(error)}))
+            return 1
+        print(json.dumps({"failed": False, **asdict(stats)}))
+        return 0
+    print("usage: sparkring_fanout.py manifest FILE [CHUNK_SIZE] | run < config.json", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

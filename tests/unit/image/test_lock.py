@@ -1,0 +1,115 @@
+"""The image lock: schema strictness, the NCCL section's contract, tree hashes, and currency."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from pydantic import ValidationError
+from sparkring import lock
+
+HEX = "ab" * 32
+
+
+def lock_data() -> dict:
+    return json.loads(lock.LOCK_PATH.read_text(encoding="utf-8"))
+
+
+def nccl_section() -> dict:
+    """Exactly the shape the NCCL stage writes."""
+    return {
+        "default_version": "2.30.7-1",
+        "releases": {
+            "2.30.7-1": {
+                "source_url": "https://github.com/NVIDIA/nccl/archive/refs/tags/v2.30.7-1.tar.gz",
+                "source_sha256": HEX,
+                "source_dir": "nccl-2.30.7-1",
+                "patches": [{"file": "roles/nccl/files/0001-ring.patch", "sha256": HEX}],
+            }
+        },
+    }
+
+
+def test_committed_lock_validates():
+    parsed = lock.load_lock()
+    assert parsed.base_images["gb10"].pinned.startswith("ghcr.io/fujitsupolycom/gb10-vllm-base@sha256:")
+    assert set(parsed.source_trees) >= {"transport", "overlay", "sparkcache"}
+
+
+def test_lock_accepts_the_nccl_section():
+    parsed = lock.Lock.model_validate(lock_data() | {"nccl": nccl_section()})
+    assert parsed.nccl.releases["2.30.7-1"].patches[0].sha256 == HEX
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda n: n.update(default_version="2.99.0-1"), "default_version"),
+        (lambda n: n["releases"]["2.30.7-1"].update(source_sha256="abc"), "source_sha256"),
+        (lambda n: n["releases"]["2.30.7-1"]["patches"][0].update(extra=1), "extra"),
+        (lambda n: n["releases"]["2.30.7-1"].update(source_url="http://insecure"), "source_url"),
+    ],
+)
+def test_nccl_section_errors_name_the_field(mutate, field):
+    section = nccl_section()
+    mutate(section)
+    with pytest.raises(ValidationError) as error:
+        lock.Lock.model_validate(lock_data() | {"nccl": section})
+    assert field in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("base_images", "gb10", "digest"), "latest", "digest"),
+        (("base_images", "gb10", "platform"), "linux/riscv64", "platform"),
+        (("vllm", "sim_wheel", "sha256"), "ad44", "sha256"),
+        (("models", "sim-target", "revision"), "main", "revision"),
+        (("surprise",), 1, "surprise"),
+    ],
+)
+def test_floating_or_unknown_values_are_errors(path, value, field):
+    data = lock_data()
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(ValidationError) as error:
+        lock.Lock.model_validate(data)
+    assert field in str(error.value)
+
+
+def test_tree_hash_covers_names_and_contents_not_caches(tmp_path):
+    tree = tmp_path / "pkg"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.py").write_text("a = 1\n")
+    (tree / "sub" / "b.py").write_text("b = 2\n")
+    first = lock.tree_sha256("pkg", tmp_path)
+    (tree / "__pycache__").mkdir()
+    (tree / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (tree / "native.so").write_bytes(b"\0")
+    assert lock.tree_sha256("pkg", tmp_path) == first
+    (tree / "sub" / "b.py").write_text("b = 3\n")
+    assert lock.tree_sha256("pkg", tmp_path) != first
+    (tree / "sub" / "b.py").write_text("b = 2\n")
+    (tree / "sub" / "b.py").rename(tree / "c.py")
+    assert lock.tree_sha256("pkg", tmp_path) != first
+
+
+def test_tree_hash_uses_git_view_in_a_checkout(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("pkg/generated.txt\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("a = 1\n")
+    first = lock.tree_sha256("pkg", tmp_path)
+    (tmp_path / "pkg" / "generated.txt").write_text("ignored output\n")
+    assert lock.tree_sha256("pkg", tmp_path) == first
+
+
+def test_lock_is_current_with_the_sources():
+    stale = lock.stale_trees(lock.load_lock())
+    assert not stale, (
+        f"images/lock.json is stale for {sorted(stale)}: if the source change is intended, run "
+        "`cd plugins && ../.venv/bin/python -m sparkring.lock refresh` and commit images/lock.json"
+    )
