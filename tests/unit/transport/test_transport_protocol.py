@@ -1,0 +1,185 @@
+"""The native engine's protocol: checksums, rounding, sequence/ack, corruption, bounds.
+
+One side of each socket pair is an engine peer; the test writes or reads raw frames on
+the other side (forged with transport.wire), so every rejection path runs for real.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+import struct
+
+import numpy as np
+import pytest
+
+from transport import wire
+from transport._native import SrError, engine
+from transport.errors import RendezvousError
+from transport.rendezvous import RECORD_BYTES, EndpointRecord, check_record
+
+SLOT = 64
+
+
+class EnginePeer:
+    """An engine peer for rank 1 talking to rank 0 over two socket pairs; the test holds rank 0's ends."""
+
+    def __init__(self, window: int = 4) -> None:
+        tx_engine, self.tx_far = socket.socketpair()
+        rx_engine, self.rx_far = socket.socketpair()
+        self.handle = engine().sr_peer_new(1, 0, tx_engine.detach(), rx_engine.detach(), SLOT, window)
+        assert self.handle
+        for far in (self.tx_far, self.rx_far):
+            far.settimeout(5)  # a test that waits for a frame that never comes fails, never hangs
+
+    def transfer(
+        self, send: bytes = b"", recv_len: int = 0, op: int = 0, dtype: int = 0, timeout_ms: int = 2000
+    ):
+        sbuf = ctypes.create_string_buffer(send, len(send))
+        rbuf = (ctypes.c_char * max(1, recv_len))()
+        err = SrError()
+        rc = engine().sr_transfer(
+            self.handle if send else None, sbuf, len(send), self.handle if recv_len else None, rbuf, recv_len,
+            op, dtype, timeout_ms, ctypes.byref(err),
+        )  # fmt: skip
+        return rc, err, bytes(rbuf)[:recv_len]
+
+    def close(self) -> None:
+        engine().sr_peer_free(self.handle, 0)
+        self.tx_far.close()
+        self.rx_far.close()
+
+
+@pytest.fixture
+def peer():
+    p = EnginePeer()
+    yield p
+    p.close()
+
+
+def read_frame(sock: socket.socket) -> tuple[tuple, bytes]:
+    head = sock.recv(wire.HEADER_BYTES, socket.MSG_WAITALL)
+    fields = wire.HEADER.unpack(head[:28])
+    (header_sum,) = struct.unpack("<I", head[28:])
+    assert header_sum == wire.checksum(head[:28])
+    payload = sock.recv(fields[7], socket.MSG_WAITALL) if fields[7] else b""
+    return fields, payload
+
+
+def test_send_frames_sequence_and_checksums(peer: EnginePeer) -> None:
+    data = bytes(range(256)) * 2  # 512 bytes -> 8 frames of 64
+    rc, err, _ = peer.transfer(send=data[:256])
+    assert rc == 0, err.message
+    frames = [read_frame(peer.tx_far) for _ in range(4)]
+    assert [f[0][7] for f in frames] == [64] * 4
+    assert [f[0][6] for f in frames] == [0, 1, 2, 3]  # seq
+    assert all(f[0][0] == wire.MAGIC and f[0][1] == wire.KIND_DATA and f[0][4] == 1 for f in frames)
+    assert b"".join(f[1] for f in frames) == data[:256]
+    assert all(f[0][8] == wire.checksum(f[1]) for f in frames)
+    # The window (4) is full: without acks the next send must give up within its bound.
+    rc, err, _ = peer.transfer(send=data[:64], timeout_ms=200)
+    assert -rc == 1 and err.peer_rank == 0 and b"window full" in err.message
+    # One ack for all four frames opens it again; seq keeps counting across calls.
+    peer.tx_far.sendall(wire.frame(wire.KIND_ACK, 0, 1, 4))
+    rc, err, _ = peer.transfer(send=data[:64])
+    assert rc == 0, err.message
+    assert read_frame(peer.tx_far)[0][6] == 4
+
+
+def test_ack_out_of_sequence_is_refused(peer: EnginePeer) -> None:
+    assert peer.transfer(send=b"x" * 8)[0] == 0
+    peer.tx_far.sendall(wire.frame(wire.KIND_ACK, 0, 1, 5))  # only one frame was sent
+    rc, err, _ = peer.transfer(send=b"y" * 8)
+    assert -rc == 4 and b"ack 5 from rank 0 out of sequence" in err.message
+
+
+def test_receive_acks_each_frame_and_adds(peer: EnginePeer) -> None:
+    a = np.arange(32, dtype=np.float32)
+    for seq, lo in enumerate(range(0, 128, 64)):
+        peer.rx_far.sendall(wire.frame(wire.KIND_DATA, 0, 1, seq, a.tobytes()[lo : lo + 64]))
+    rc, err, got = peer.transfer(recv_len=128)
+    assert rc == 0, err.message
+    assert np.array_equal(np.frombuffer(got, np.float32), a)
+    acks = [read_frame(peer.rx_far)[0] for _ in range(2)]
+    assert [(f[1], f[6]) for f in acks] == [(wire.KIND_ACK, 1), (wire.KIND_ACK, 2)]
+
+
+@pytest.mark.parametrize(
+    ("forge", "code", "needle"),
+    [
+        (lambda p: wire.frame(wire.KIND_DATA, 0, 1, 1, p), 4, b"frame 1 from rank 0 out of sequence (expected 0)"),
+        (lambda p: wire.frame(wire.KIND_DATA, 0, 1, 0, p, magic=0xDEADBEEF), 5, b"bad frame magic"),
+        (lambda p: wire.frame(wire.KIND_DATA, 2, 1, 0, p), 5, b"unexpected frame from rank 0"),
+        (lambda p: wire.frame(wire.KIND_DATA, 0, 1, 0, p[:32]), 5, b"has 32 bytes, expected 64"),
+        (lambda p: wire.frame(wire.KIND_DATA, 0, 1, 0, p)[:-1] + b"\x01", 3, b"corrupted payload in frame 0"),
+        (lambda p: wire.frame(wire.KIND_DATA, 0, 1, 0, p)[:12] + b"\x09" + wire.frame(1, 0, 1, 0, p)[13:], 3,
+         b"corrupted frame header"),
+    ],
+)  # fmt: skip
+def test_bad_frames_are_detected(peer: EnginePeer, forge, code: int, needle: bytes) -> None:
+    peer.rx_far.sendall(forge(bytes(range(64))))
+    rc, err, _ = peer.transfer(recv_len=64, timeout_ms=500)
+    assert -rc == code, err.message
+    assert needle in err.message and err.peer_rank == 0
+
+
+def test_dead_and_silent_peers_are_bounded(peer: EnginePeer) -> None:
+    rc, err, _ = peer.transfer(recv_len=64, timeout_ms=100)
+    assert -rc == 1 and b"timed out after 100 ms waiting for data from rank 0" in err.message
+    peer.rx_far.close()
+    rc, err, _ = peer.transfer(recv_len=64, timeout_ms=5000)
+    assert -rc == 2 and b"rank 0 closed the connection" in err.message
+
+
+def _f16_bits(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).view(np.uint16)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # overflow to inf and inf - inf are cases
+def test_half_precision_adds_round_like_numpy_and_torch() -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    special = np.array([0, -0.0, 1e-8, 6e-8, 6.1e-5, 65504, 7e4, np.inf, -np.inf, np.nan, 3.0e38], np.float32)
+    a = np.concatenate([rng.standard_normal(20000) * 10.0 ** rng.integers(-8, 6, 20000), special]).astype(
+        np.float32
+    )
+    b = np.concatenate(
+        [rng.standard_normal(20000) * 10.0 ** rng.integers(-8, 6, 20000), special[::-1]]
+    ).astype(np.float32)
+    # fp16: engine vs numpy (widen, add in fp32, round once)
+    d, s = _f16_bits(a).copy(), _f16_bits(b)
+    engine().sr_reduce(d.ctypes.data, s.ctypes.data, d.nbytes, 1)
+    want = (a.astype(np.float16).astype(np.float32) + b.astype(np.float16).astype(np.float32)).astype(
+        np.float16
+    )
+    assert np.array_equal(d, want.view(np.uint16))
+    # bf16: engine vs torch's own bf16 add
+    ta, tb = torch.from_numpy(a).bfloat16(), torch.from_numpy(b).bfloat16()
+    d = ta.view(torch.int16).numpy().copy()
+    engine().sr_reduce(d.ctypes.data, tb.view(torch.int16).numpy().ctypes.data, d.nbytes, 2)
+    want = (ta + tb).view(torch.int16).numpy()
+    finite = ~torch.isnan(ta + tb).numpy()
+    assert np.array_equal(d[finite], want[finite])
+
+
+def test_checksum_sees_every_single_bit_flip() -> None:
+    data = bytearray(np.random.default_rng(3).integers(0, 256, 333, dtype=np.uint8).tobytes())
+    base = wire.checksum(bytes(data))
+    for bit in range(0, len(data) * 8, 7):
+        data[bit // 8] ^= 1 << (bit % 8)
+        assert wire.checksum(bytes(data)) != base
+        data[bit // 8] ^= 1 << (bit % 8)
+
+
+def test_endpoint_record_round_trip_and_refusals() -> None:
+    rec = EndpointRecord("verbs", 0, 1, 4, 0, 262144, 8, qpn=0x11, psn=0x22, rkey=0x33, addr=1 << 40, size=1 << 21,
+                         gid=bytes(10) + b"\xff\xff" + bytes([198, 19, 0, 1]))  # fmt: skip
+    raw = rec.pack()
+    assert len(raw) == RECORD_BYTES
+    assert EndpointRecord.unpack(raw, "rank 0") == rec
+    with pytest.raises(RendezvousError, match="rank 0: endpoint record checksum mismatch"):
+        EndpointRecord.unpack(raw[:20] + b"\x00" + raw[21:], "rank 0")
+    with pytest.raises(RendezvousError, match="not a SparkRing endpoint"):
+        EndpointRecord.unpack(b"HTTP" + raw[4:], "rank 0")
+    with pytest.raises(RendezvousError, match=r"rank 0 at 10.0.0.1: endpoint record window=8, expected 16"):
+        check_record(rec, EndpointRecord("verbs", 0, 1, 4, 0, 262144, 16), "rank 0 at 10.0.0.1")

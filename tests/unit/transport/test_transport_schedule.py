@@ -1,0 +1,119 @@
+"""Schedules and ring geometry: pure checks that every rank ends with every contribution."""
+
+from __future__ import annotations
+
+import pytest
+
+from transport import schedule
+from transport.topology import Port, RingSpec, cable_geometry, from_hostvars
+
+
+def test_four_rank_matchings_follow_the_cages() -> None:
+    assert {r: schedule.matching_peers(r, 4) for r in range(4)} == {
+        0: [1, 3],
+        1: [0, 2],
+        2: [3, 1],
+        3: [2, 0],
+    }
+    for rank in range(4):
+        spec = cable_geometry(rank, 4, "198.19")
+        for round_no, peer in enumerate(schedule.matching_peers(rank, 4)):
+            assert peer == [rank ^ 1, rank ^ 3][round_no]
+            assert spec.port_to(peer).cage == round_no
+
+
+@pytest.mark.parametrize("world", [2, 4, 6, 8])
+def test_matchings_are_symmetric_neighbour_pairings(world: int) -> None:
+    for round_no in range(len(schedule.matching_peers(0, world))):
+        for rank in range(world):
+            peer = schedule.matching_peers(rank, world)[round_no]
+            assert schedule.matching_peers(peer, world)[round_no] == rank
+            assert (peer - rank) % world in (1, world - 1)
+
+
+@pytest.mark.parametrize("world", [2, 4, 6, 8])
+def test_ring_steps_deliver_every_contribution_once(world: int) -> None:
+    # Symbolic run: each chunk holds the set of ranks summed into it, per rank.
+    held = [[{r} for _ in range(world)] for r in range(world)]
+    for step_no in range(2 * (world - 1)):
+        steps = [schedule.ring_steps(r, world)[step_no] for r in range(world)]
+        sent = [set(held[r][steps[r].send]) for r in range(world)]
+        for r in range(world):
+            left = (r - 1) % world
+            assert steps[left].send == steps[r].recv, "a rank must receive the chunk its left neighbour sends"
+            incoming = sent[left]
+            if steps[r].add:
+                assert not held[r][steps[r].recv] & incoming, "a contribution was added twice"
+                held[r][steps[r].recv] |= incoming
+            else:
+                held[r][steps[r].recv] = set(incoming)
+    assert all(chunk == set(range(world)) for rank_chunks in held for chunk in rank_chunks)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gather_rounds_assemble_all_blocks(world: int) -> None:
+    have = [{r} for r in range(world)]
+    for round_no in range(len(schedule.gather_rounds(0, world))):
+        plans = [schedule.gather_rounds(r, world)[round_no] for r in range(world)]
+        new = [set(h) for h in have]
+        for r, (peer, sent, got) in enumerate(plans):
+            assert set(sent) <= have[r]
+            assert plans[peer][1] == got and plans[peer][0] == r
+            new[r] |= set(got)
+        have = new
+    assert all(h == set(range(world)) for h in have)
+
+
+def test_chunk_bounds_cover_in_order() -> None:
+    assert schedule.chunk_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert schedule.chunk_bounds(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+
+
+def test_algorithm_choice() -> None:
+    assert schedule.allreduce_algorithm(2, 1 << 30) == "exchange"
+    assert schedule.allreduce_algorithm(4, 16384) == "matching"
+    assert schedule.allreduce_algorithm(4, 64 << 20) == "ring"
+    assert schedule.allreduce_algorithm(6, 16) == "ring"
+    with pytest.raises(ValueError, match="does not fit a ring of 6"):
+        schedule.allreduce_algorithm(6, 16, "matching")
+    with pytest.raises(ValueError, match="unknown all-reduce algorithm"):
+        schedule.allreduce_algorithm(4, 16, "tree")
+
+
+def test_cable_geometry_matches_the_inventory_contract() -> None:
+    spec = cable_geometry(0, 4, "198.19")
+    assert spec.ports == (
+        Port(0, "198.19.0.1", 1, "198.19.0.2"),
+        Port(1, "198.19.3.2", 3, "198.19.3.1"),
+    )
+    assert cable_geometry(1, 4, "198.19").ports == (
+        Port(0, "198.19.0.2", 0, "198.19.0.1"),
+        Port(1, "198.19.1.1", 2, "198.19.1.2"),
+    )
+    assert cable_geometry(1, 2, "198.19").ports == (Port(0, "198.19.0.2", 0, "198.19.0.1"),)
+
+
+def test_ring_spec_refuses_non_neighbours_and_odd_rings() -> None:
+    with pytest.raises(ValueError, match="ring neighbour set is"):
+        RingSpec(0, 4, (Port(0, "a", 1, "b"), Port(1, "c", 2, "d")))
+    with pytest.raises(ValueError, match="even number of ranks"):
+        RingSpec(0, 3, ())
+    with pytest.raises(ValueError, match="only ring neighbours are reachable"):
+        cable_geometry(0, 4, "198.19").port_to(2)
+
+
+def test_from_hostvars_reads_the_contract_names() -> None:
+    hostvars = {
+        "sparkring_rank": 3,
+        "sparkring_world_size": 4,
+        "sparkring_ports": [
+            {"cage": 0, "address": "198.19.2.2", "peer_rank": 2, "peer_address": "198.19.2.1",
+             "rdma_device": None, "rdma_port": None, "gid_index": None},
+            {"cage": 1, "address": "198.19.3.1", "peer_rank": 0, "peer_address": "198.19.3.2",
+             "rdma_device": "rocep1s0f1", "rdma_port": 1, "gid_index": 3},
+        ],
+    }  # fmt: skip
+    spec = from_hostvars(hostvars)
+    assert spec.rank == 3 and spec.left == 2 and spec.right == 0
+    assert spec.port_to(2).gid_index == "auto"
+    assert spec.port_to(0).rdma_device == "rocep1s0f1" and spec.port_to(0).gid_index == 3

@@ -1,0 +1,315 @@
+/* SparkRing ring transport: the native progress engine of the verbs (RoCE) fabric.
+ *
+ * Same protocol and same sr_transfer contract as the tcp engine (sr_engine.c), over two RC
+ * queue pairs per neighbour, both set up from Python (transport/verbs.py):
+ *   tx QP: we RDMA WRITE WITH IMMEDIATE each DATA frame (header + payload) into slot
+ *          seq % window of the peer's registered rx arena (imm = seq); the peer's ACKs
+ *          arrive here as zero-length SEND WITH IMMEDIATE (imm = frames consumed).
+ *   rx QP: the peer's frames land in our rx arena; each one consumed is acknowledged.
+ * A sender never has more than `window` frames unacknowledged, so a slot is overwritten
+ * only after the consumer said it is done with it. ibv_post_send, ibv_post_recv and
+ * ibv_poll_cq are static inline in verbs.h, which is why this lives in C.
+ * Waiting spins on the CQ for SPIN_US, then sleeps on the CQ's completion channel: spinning
+ * alone would starve a software RDMA stack (rdma_rxe) sharing the CPU. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "sr_wire.h"
+
+#define WR_DATA 1u
+#define WR_ACK 2u
+#define WR_RECV_TX 3u
+#define WR_RECV_RX 4u
+#define SPIN_US 50
+#define SLEEP_SLICE_MS 50
+
+typedef struct sr_vpeer {
+    int my_rank, peer_rank;
+    struct ibv_qp *tx_qp, *rx_qp;
+    struct ibv_cq *cq;
+    struct ibv_comp_channel *channel;
+    unsigned char *rx_slots, *tx_slots; /* window x (header + slot_bytes) each, in one MR */
+    uint32_t lkey, rkey, slot_bytes, window, max_send;
+    uint64_t remote_addr; /* the peer's rx slots */
+    uint64_t tx_seq, tx_acked;
+    uint64_t rx_arrived, rx_consumed;
+    uint32_t sends_outstanding;
+    uint64_t completions;
+    uint64_t stats[6]; /* frames tx, frames rx, bytes tx, bytes rx, acks tx, acks rx */
+} sr_vpeer;
+
+static int vfail(sr_error *err, int code, int peer, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        err->code = code;
+        err->peer_rank = peer;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+    }
+    return -code;
+}
+
+static int64_t vnow_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static size_t stride(const sr_vpeer *p) { return SR_HEADER_BYTES + p->slot_bytes; }
+
+static int post_recv(struct ibv_qp *qp, uint64_t tag) {
+    struct ibv_recv_wr wr = {.wr_id = tag, .num_sge = 0}, *bad = NULL;
+    return ibv_post_recv(qp, &wr, &bad);
+}
+
+/* arena: 2 * window * (32 + slot_bytes) bytes registered as lkey/rkey; rx slots first. */
+sr_vpeer *sr_vpeer_new(int my_rank, int peer_rank, struct ibv_qp *tx_qp, struct ibv_qp *rx_qp, struct ibv_cq *cq,
+                       struct ibv_comp_channel *channel, void *arena, uint32_t lkey, uint64_t remote_addr, uint32_t rkey, uint32_t slot_bytes,
+                       uint32_t window, uint32_t max_send) {
+    if (slot_bytes == 0 || slot_bytes % 8 || window == 0 || max_send < 2 * window)
+        return NULL;
+    sr_vpeer *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    *p = (sr_vpeer){.my_rank = my_rank, .peer_rank = peer_rank, .tx_qp = tx_qp, .rx_qp = rx_qp, .cq = cq,
+                    .channel = channel, .lkey = lkey, .rkey = rkey, .slot_bytes = slot_bytes, .window = window,
+                    .max_send = max_send, .remote_addr = remote_addr};
+    p->rx_slots = arena;
+    p->tx_slots = (unsigned char *)arena + (size_t)window * stride(p);
+    for (uint32_t i = 0; i < window; i++) /* a receive per slot on rx, per possible ack on tx */
+        if (post_recv(rx_qp, WR_RECV_RX) || post_recv(tx_qp, WR_RECV_TX)) {
+            free(p);
+            return NULL;
+        }
+    return p;
+}
+
+
+void sr_vpeer_stats(const sr_vpeer *p, uint64_t out[6]) { memcpy(out, p->stats, sizeof p->stats); }
+
+/* Drain the peer's CQ: count arrivals and acks, repost receives, surface errors. */
+static int poll_peer(sr_vpeer *p, sr_error *err) {
+    struct ibv_wc wc[16];
+    for (;;) {
+        int n = ibv_poll_cq(p->cq, 16, wc);
+        if (n < 0)
+            return vfail(err, SR_EIO, p->peer_rank, "polling the completion queue of rank %d failed", p->peer_rank);
+        if (n == 0)
+            return 0;
+        p->completions += (uint64_t)n;
+        for (int i = 0; i < n; i++) {
+            if (wc[i].status != IBV_WC_SUCCESS)
+                return vfail(err, wc[i].status == IBV_WC_RETRY_EXC_ERR ? SR_ECLOSED : SR_EIO, p->peer_rank,
+                             "RDMA %s with rank %d failed: %s (vendor error 0x%x)",
+                             wc[i].wr_id == WR_DATA ? "write" : wc[i].wr_id == WR_ACK ? "ack" : "receive",
+                             p->peer_rank, ibv_wc_status_str(wc[i].status), wc[i].vendor_err);
+            switch (wc[i].wr_id) {
+            case WR_DATA:
+            case WR_ACK:
+                p->sends_outstanding--;
+                break;
+            case WR_RECV_RX: /* a DATA frame landed; RC keeps them in order */
+                if (ntohl(wc[i].imm_data) != (uint32_t)p->rx_arrived)
+                    return vfail(err, SR_ESEQ, p->peer_rank, "frame imm %u from rank %d out of sequence (expected %u)",
+                                 ntohl(wc[i].imm_data), p->peer_rank, (uint32_t)p->rx_arrived);
+                p->rx_arrived++;
+                if (post_recv(p->rx_qp, WR_RECV_RX))
+                    return vfail(err, SR_EIO, p->peer_rank, "reposting a receive for rank %d failed", p->peer_rank);
+                break;
+            case WR_RECV_TX: { /* an ACK: 32-bit count, widened against what we sent */
+                uint64_t acked = p->tx_acked + (uint32_t)(ntohl(wc[i].imm_data) - (uint32_t)p->tx_acked);
+                if (acked <= p->tx_acked || acked > p->tx_seq)
+                    return vfail(err, SR_ESEQ, p->peer_rank, "ack %llu from rank %d out of sequence (acked %llu, sent %llu)",
+                                 (unsigned long long)acked, p->peer_rank, (unsigned long long)p->tx_acked,
+                                 (unsigned long long)p->tx_seq);
+                p->tx_acked = acked;
+                p->stats[5]++;
+                if (post_recv(p->tx_qp, WR_RECV_TX))
+                    return vfail(err, SR_EIO, p->peer_rank, "reposting a receive for rank %d failed", p->peer_rank);
+                break;
+            }
+            default:
+                return vfail(err, SR_EPROTO, p->peer_rank, "unexpected completion from rank %d", p->peer_rank);
+            }
+        }
+    }
+}
+
+static int post_send(sr_vpeer *p, struct ibv_send_wr *wr, sr_error *err) {
+    struct ibv_send_wr *bad = NULL;
+    int rc = ibv_post_send(wr->opcode == IBV_WR_SEND_WITH_IMM ? p->rx_qp : p->tx_qp, wr, &bad);
+    if (rc)
+        return vfail(err, SR_EIO, p->peer_rank, "posting to rank %d failed: %s", p->peer_rank, strerror(rc));
+    p->sends_outstanding++;
+    return 0;
+}
+
+/* Post the next DATA frame if the window and the send queue allow; 1 if posted. */
+static int post_frame(sr_vpeer *p, const unsigned char *buf, size_t len, size_t *framed, sr_error *err) {
+    if (*framed == len || p->tx_seq - p->tx_acked >= p->window || p->sends_outstanding >= p->max_send)
+        return 0;
+    size_t n = len - *framed < p->slot_bytes ? len - *framed : p->slot_bytes;
+    uint32_t slot = (uint32_t)(p->tx_seq % p->window);
+    unsigned char *dst = p->tx_slots + slot * stride(p);
+    memcpy(dst + SR_HEADER_BYTES, buf + *framed, n);
+    sr_header_fill((sr_header *)dst, SR_KIND_DATA, (uint16_t)p->my_rank, (uint16_t)p->peer_rank, p->tx_seq,
+                   dst + SR_HEADER_BYTES, (uint32_t)n);
+    struct ibv_sge sge = {.addr = (uintptr_t)dst, .length = (uint32_t)(SR_HEADER_BYTES + n), .lkey = p->lkey};
+    struct ibv_send_wr wr = {.wr_id = WR_DATA, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                             .send_flags = IBV_SEND_SIGNALED, .imm_data = htonl((uint32_t)p->tx_seq)};
+    wr.wr.rdma.remote_addr = p->remote_addr + slot * stride(p);
+    wr.wr.rdma.rkey = p->rkey;
+    int rc = post_send(p, &wr, err);
+    if (rc)
+        return rc;
+    p->tx_seq++;
+    *framed += n;
+    p->stats[0]++;
+    p->stats[2] += n;
+    return 1;
+}
+
+/* Consume the next arrived frame into rbuf (copy or add) and acknowledge it; 1 if done. */
+static int consume_frame(sr_vpeer *p, unsigned char *rbuf, size_t len, size_t *done, int op, int dtype, sr_error *err) {
+    if (*done == len || p->rx_consumed == p->rx_arrived || p->sends_outstanding >= p->max_send)
+        return 0;
+    const unsigned char *slot = p->rx_slots + (p->rx_consumed % p->window) * stride(p);
+    sr_header h;
+    memcpy(&h, slot, sizeof h);
+    if (h.magic != SR_FRAME_MAGIC || sr_checksum_bytes(&h, SR_HEADER_BYTES - 4) != h.header_sum)
+        return vfail(err, SR_ECORRUPT, p->peer_rank, "corrupted frame header from rank %d", p->peer_rank);
+    size_t want = len - *done < p->slot_bytes ? len - *done : p->slot_bytes;
+    if (h.version != SR_WIRE_VERSION || h.kind != SR_KIND_DATA || h.src_rank != p->peer_rank ||
+        h.dst_rank != p->my_rank || h.length != want)
+        return vfail(err, SR_EPROTO, p->peer_rank, "unexpected frame from rank %d (kind %u, src %u, dst %u, %u bytes, expected %zu)",
+                     p->peer_rank, h.kind, h.src_rank, h.dst_rank, h.length, want);
+    if (h.seq != p->rx_consumed)
+        return vfail(err, SR_ESEQ, p->peer_rank, "frame %llu from rank %d out of sequence (expected %llu)",
+                     (unsigned long long)h.seq, p->peer_rank, (unsigned long long)p->rx_consumed);
+    if (sr_checksum_bytes(slot + SR_HEADER_BYTES, h.length) != h.payload_sum)
+        return vfail(err, SR_ECORRUPT, p->peer_rank, "corrupted payload in frame %llu from rank %d",
+                     (unsigned long long)h.seq, p->peer_rank);
+    if (op == SR_OP_ADD)
+        sr_reduce_add(rbuf + *done, slot + SR_HEADER_BYTES, h.length, dtype);
+    else
+        memcpy(rbuf + *done, slot + SR_HEADER_BYTES, h.length);
+    *done += h.length;
+    p->rx_consumed++;
+    p->stats[1]++;
+    p->stats[3] += h.length;
+    struct ibv_send_wr wr = {.wr_id = WR_ACK, .num_sge = 0, .opcode = IBV_WR_SEND_WITH_IMM,
+                             .send_flags = IBV_SEND_SIGNALED, .imm_data = htonl((uint32_t)p->rx_consumed)};
+    int rc = post_send(p, &wr, err);
+    if (rc)
+        return rc;
+    p->stats[4]++;
+    return 1;
+}
+
+/* Arm the CQ's event and sleep on the completion channels of `a` and `b` (either may be
+ * NULL or equal) for at most ms; the caller polls the CQs again afterwards. */
+static int sleep_on_cqs(sr_vpeer *a, sr_vpeer *b, int ms, sr_error *err) {
+    sr_vpeer *peers[2] = {a, b == a ? NULL : b};
+    struct pollfd fds[2];
+    int n = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!peers[i])
+            continue;
+        if (ibv_req_notify_cq(peers[i]->cq, 0))
+            return vfail(err, SR_EIO, peers[i]->peer_rank, "arming the CQ of rank %d failed", peers[i]->peer_rank);
+        fds[n++] = (struct pollfd){.fd = peers[i]->channel->fd, .events = POLLIN};
+    }
+    /* A completion that landed before the arm raised no event: look once more, and do not
+     * sleep if it changed anything. */
+    for (int i = 0; i < 2; i++) {
+        if (!peers[i])
+            continue;
+        uint64_t before = peers[i]->completions;
+        int rc = poll_peer(peers[i], err);
+        if (rc)
+            return rc;
+        if (peers[i]->completions != before)
+            ms = 0;
+    }
+    if (poll(fds, (nfds_t)n, ms) < 0)
+        return vfail(err, SR_EIO, -1, "poll on completion channels failed");
+    for (int i = 0, k = 0; i < 2; i++) {
+        if (!peers[i])
+            continue;
+        if (fds[k++].revents & POLLIN) {
+            struct ibv_cq *ev_cq;
+            void *ctx;
+            if (ibv_get_cq_event(peers[i]->channel, &ev_cq, &ctx) == 0)
+                ibv_ack_cq_events(ev_cq, 1);
+        }
+    }
+    return 0;
+}
+
+/* Free after the peer acknowledged every frame and our own acks left (bounded by linger_ms;
+ * 0 on a failed communicator), so destroying the QPs cannot drop the peer's last ack. */
+void sr_vpeer_free(sr_vpeer *p, int linger_ms) {
+    if (!p)
+        return;
+    int64_t deadline = vnow_us() + (int64_t)linger_ms * 1000;
+    sr_error ignored;
+    while ((p->tx_acked < p->tx_seq || p->sends_outstanding) && vnow_us() < deadline)
+        if (poll_peer(p, &ignored) || sleep_on_cqs(p, NULL, 10, &ignored))
+            break;
+    free(p);
+}
+
+/* The tcp engine's sr_transfer contract, over RDMA. */
+int sr_vtransfer(sr_vpeer *to, const void *sbuf, size_t slen, sr_vpeer *from, void *rbuf, size_t rlen, int op,
+                 int dtype, int timeout_ms, sr_error *err) {
+    if ((!to && slen) || (!from && rlen) || (op == SR_OP_ADD && dtype != SR_F32 && dtype != SR_F16 && dtype != SR_BF16))
+        return vfail(err, SR_EARG, -1, "invalid transfer arguments");
+    size_t framed = 0, done = 0;
+    slen = to ? slen : 0;
+    rlen = from ? rlen : 0;
+    int64_t now = vnow_us(), deadline = now + (int64_t)timeout_ms * 1000, spin_until = now + SPIN_US;
+    for (;;) {
+        int rc = 0, progress = 0;
+        if (to && (rc = poll_peer(to, err)))
+            return rc;
+        if (from && from != to && (rc = poll_peer(from, err)))
+            return rc;
+        if (to) {
+            while ((rc = post_frame(to, sbuf, slen, &framed, err)) > 0)
+                progress = 1;
+            if (rc < 0)
+                return rc;
+        }
+        if (from) {
+            while ((rc = consume_frame(from, rbuf, rlen, &done, op, dtype, err)) > 0)
+                progress = 1;
+            if (rc < 0)
+                return rc;
+        }
+        if (framed == slen && done == rlen)
+            return 0;
+        now = vnow_us();
+        if (progress) {
+            spin_until = now + SPIN_US;
+            continue;
+        }
+        if (now >= deadline) {
+            sr_vpeer *p = done < rlen ? from : to;
+            return vfail(err, SR_ETIMEOUT, p->peer_rank, "timed out after %d ms %s rank %d", timeout_ms,
+                         p == from && done < rlen ? "waiting for data from" : "sending to (window full, no ack from)",
+                         p->peer_rank);
+        }
+        if (now < spin_until)
+            continue;
+        int64_t left_ms = (deadline - now + 999) / 1000;
+        if ((rc = sleep_on_cqs(to, from, left_ms < SLEEP_SLICE_MS ? (int)left_ms : SLEEP_SLICE_MS, err)))
+            return rc;
+    }
+}

@@ -1,0 +1,313 @@
+"""``python -m transport probe``: qualify this rank's ring links and burn collectives.
+
+Every rank of the ring runs the same command (with its own --rank). The probe measures,
+per link, ping-pong latency initiated from each end and bulk bandwidth in each direction,
+verifying every payload, then runs collective burns whose every result is compared byte
+for byte with the numpy reference. It prints one JSON document (schema below) and exits 0
+only if every check passed.
+
+JSON (``schema: sparkring.transport.probe/1``; keys are stable, new keys may be added):
+
+    {schema, ok, error, rank, world, fabric, hostname, started_utc, seconds,
+     settings: {timeout_s, slot_bytes, window, tcp_port},
+     links: [{peer_rank, cage, address, peer_address,
+              pingpong: {size_bytes, iterations, mismatches,
+                         rtt_us: {p50, p99}, one_way_us: {p50, p99}},
+              bandwidth: {size_bytes, iterations,
+                          tx: {gbit_s, seconds, mismatches},    # this rank sends
+                          rx: {gbit_s, seconds, mismatches}}}], # peer sends, timed here
+     burns: [{collective, dtype, size_bytes, iterations, mismatches, p50_us, p99_us}],
+     stats: {"<peer rank>": {frames_tx, frames_rx, bytes_tx, bytes_rx, acks_tx, acks_rx}}}
+
+``pingpong`` is measured with this rank as the initiator (the peer's document holds the
+other direction). ``one_way_us`` is half the round trip. A failure sets ``ok`` false and
+``error`` to the message, which names the peer and the collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import socket
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from transport import reference, schedule
+from transport.buffers import BF16, F16, F32
+from transport.comm import DEFAULT_TCP_PORT, Communicator, lse_combine_local
+from transport.errors import TransportError
+from transport.topology import Port, RingSpec, cable_geometry
+
+SCHEMA = "sparkring.transport.probe/1"
+DTYPES = {"float32": (np.float32, F32), "float16": (np.float16, F16), "bfloat16": (np.uint16, BF16)}
+COLLECTIVES = ("all_reduce", "all_gather", "dcp_query_all_gather", "vocab_all_gather", "lse_combine")
+VARIANTS = 8  # distinct input sets a burn cycles through (references precomputed)
+
+
+def _percentiles(ns: np.ndarray, scale: float = 1e-3) -> dict[str, float]:
+    return {
+        "p50": round(float(np.percentile(ns, 50)) * scale, 3),
+        "p99": round(float(np.percentile(ns, 99)) * scale, 3),
+    }
+
+
+def _pattern(size: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+
+
+def pingpong(comm: Communicator, peer: int, initiator: bool, size: int, iters: int) -> dict[str, Any] | None:
+    """Initiator sends, the peer echoes; returns the initiator's figures."""
+    send = _pattern(size, comm.rank * 7919 + peer)
+    recv = np.empty_like(send)
+    rtts, mismatches = np.empty(iters, dtype=np.int64), 0
+    for i in range(iters):
+        if initiator:
+            send[:8] = np.frombuffer(np.int64(i).tobytes(), dtype=np.uint8)
+            t0 = time.perf_counter_ns()
+            comm.transfer("pingpong", time.monotonic() + comm.timeout_s, peer, send, None, None)
+            comm.transfer("pingpong", time.monotonic() + comm.timeout_s, None, None, peer, recv)
+            rtts[i] = time.perf_counter_ns() - t0
+            mismatches += int(not np.array_equal(send, recv))
+        else:
+            comm.transfer("pingpong", time.monotonic() + comm.timeout_s, None, None, peer, recv)
+            comm.transfer("pingpong", time.monotonic() + comm.timeout_s, peer, recv, None, None)
+    if not initiator:
+        return None
+    return {"size_bytes": size, "iterations": iters, "mismatches": mismatches,
+            "rtt_us": _percentiles(rtts), "one_way_us": _percentiles(rtts / 2)}  # fmt: skip
+
+
+def bandwidth(comm: Communicator, peer: int, sender: bool, size: int, iters: int) -> dict[str, Any]:
+    """One direction of bulk transfer; the receiver acknowledges each message with 8 bytes."""
+    seed = (comm.rank if sender else peer) * 104729 + 1
+    expect = _pattern(size, seed)
+    buf = expect if sender else np.empty_like(expect)
+    token = np.zeros(8, dtype=np.uint8)
+    mismatches = 0
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        deadline = time.monotonic() + comm.timeout_s
+        if sender:
+            comm.transfer("bandwidth", deadline, peer, buf, None, None)
+            comm.transfer("bandwidth", deadline, None, None, peer, token)
+        else:
+            comm.transfer("bandwidth", deadline, None, None, peer, buf)
+            mismatches += int(not np.array_equal(buf, expect))
+            comm.transfer("bandwidth", deadline, peer, token, None, None)
+    seconds = time.perf_counter() - t0
+    return {
+        "gbit_s": round(size * iters * 8 / seconds / 1e9, 4),
+        "seconds": round(seconds, 6),
+        "mismatches": mismatches,
+    }
+
+
+def qualify_links(
+    comm: Communicator, size: int, iters: int, bw_size: int, bw_iters: int
+) -> list[dict[str, Any]]:
+    """Per link, in matching rounds (every rank busy on one link at a time)."""
+    out = []
+    for peer in schedule.matching_peers(comm.rank, comm.world):
+        port = comm.spec.port_to(peer)
+        first = comm.rank < peer
+        mine = None
+        for initiator in (first, not first):
+            got = pingpong(comm, peer, initiator, size, iters)
+            mine = got or mine
+        directions = {}
+        for sender in (first, not first):
+            directions["tx" if sender else "rx"] = bandwidth(comm, peer, sender, bw_size, bw_iters)
+        out.append({
+            "peer_rank": peer, "cage": port.cage, "address": port.address, "peer_address": port.peer_address,
+            "pingpong": mine,
+            "bandwidth": {"size_bytes": bw_size, "iterations": bw_iters, **directions},
+        })  # fmt: skip
+    return out
+
+
+def _inputs(collective: str, dtype: str, size: int, world: int, variant: int) -> list[np.ndarray]:
+    """Every rank's input for one burn variant (all ranks can compute all of them)."""
+    np_type, code = DTYPES[dtype]
+    n = max(1, size // np.dtype(np_type).itemsize)
+    out = []
+    for r in range(world):
+        rng = np.random.default_rng(1_000_003 * variant + r)
+        x = rng.standard_normal(n).astype(np.float32)
+        out.append(reference.f32_to_bf16(x) if code == BF16 else x.astype(np_type))
+    if collective in ("dcp_query_all_gather", "lse_combine"):
+        out = [x[: n - n % 8].reshape(-1, 2, 4) for x in out]  # [tokens, heads, dim]
+    elif collective == "vocab_all_gather":
+        out = [x[: n - n % 4].reshape(4, -1) for x in out]  # [tokens, vocab shard]
+    return out
+
+
+def _as_input(x: np.ndarray, dtype: str) -> Any:
+    if dtype != "bfloat16":
+        return x
+    import torch
+
+    return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+
+
+def _as_bytes(y: Any) -> np.ndarray:
+    if isinstance(y, np.ndarray):
+        return y.view(np.uint8).reshape(-1)
+    import torch
+
+    return y.contiguous().view(torch.uint8).numpy().reshape(-1)
+
+
+def _expected(collective: str, inputs: list[np.ndarray], code: int, lses: list[np.ndarray]) -> np.ndarray:
+    if collective == "all_reduce":
+        return reference.all_reduce(inputs, code)
+    if collective == "all_gather":
+        return np.concatenate(inputs, axis=0)
+    if collective == "dcp_query_all_gather":
+        return np.concatenate(inputs, axis=1)
+    if collective == "vocab_all_gather":
+        return np.concatenate(inputs, axis=-1)
+    outs = np.stack(inputs)
+    if code == BF16:
+        outs = reference.bf16_to_f32(outs)
+    combined, _ = lse_combine_local(outs, np.stack(lses))
+    return reference.f32_to_bf16(combined) if code == BF16 else combined.astype(inputs[0].dtype)
+
+
+def burn(comm: Communicator, collective: str, dtype: str, size: int, iters: int) -> dict[str, Any]:
+    """``iters`` calls of one collective, each result compared byte for byte."""
+    code = DTYPES[dtype][1]
+    cases = []
+    for v in range(VARIANTS):
+        inputs = _inputs(collective, dtype, size, comm.world, v)
+        lses = [np.random.default_rng(v * 31 + r).standard_normal(x.shape[:-1]).astype(np.float32) * 4
+                for r, x in enumerate(inputs)]  # fmt: skip
+        want = _expected(collective, inputs, code, lses).view(np.uint8).reshape(-1)
+        cases.append((_as_input(inputs[comm.rank], dtype), lses[comm.rank], want))
+    call = getattr(comm, collective)
+    times, mismatches = np.empty(iters, dtype=np.int64), 0
+    for i in range(iters):
+        x, lse, want = cases[i % VARIANTS]
+        t0 = time.perf_counter_ns()
+        got = call(x, lse)[0] if collective == "lse_combine" else call(x)
+        times[i] = time.perf_counter_ns() - t0
+        mismatches += int(not np.array_equal(_as_bytes(got), want))
+    return {"collective": collective, "dtype": dtype, "size_bytes": size, "iterations": iters,
+            "mismatches": mismatches, **{k + "_us": v for k, v in _percentiles(times).items()}}  # fmt: skip
+
+
+def parse_port(text: str) -> Port:
+    """``CAGE,ADDRESS,PEER_RANK,PEER_ADDRESS``."""
+    try:
+        cage, address, peer_rank, peer_address = text.split(",")
+        return Port(int(cage), address, int(peer_rank), peer_address)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"--port {text!r}: expected CAGE,ADDRESS,PEER_RANK,PEER_ADDRESS"
+        ) from exc
+
+
+def ring_spec(args: argparse.Namespace) -> RingSpec:
+    """The rank's ports from --ring-prefix, --address/--peer-address (pairs) or --port."""
+    gid = int(args.gid_index) if args.gid_index != "auto" else "auto"
+    if args.ring_prefix:
+        spec = cable_geometry(args.rank, args.world, args.ring_prefix)
+        ports = spec.ports
+    elif args.address:
+        if args.world != 2 or not args.peer_address:
+            raise SystemExit("--address/--peer-address describe a pair: use --world 2 (or --port per cable)")
+        ports = (Port(0, args.address, args.rank ^ 1, args.peer_address),)
+    elif args.port:
+        ports = tuple(args.port)
+    else:
+        raise SystemExit("give the ports: --ring-prefix, --address with --peer-address, or --port ...")
+    ports = tuple(
+        Port(p.cage, p.address, p.peer_rank, p.peer_address, args.device, args.rdma_port, gid) for p in ports
+    )
+    return RingSpec(args.rank, args.world, ports)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fabric", choices=("tcp", "verbs"), default="tcp")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument(
+        "--ring-prefix", help="inventory cable geometry in PREFIX.i.0/24 (e.g. 198.19 on the sim ring)"
+    )
+    p.add_argument("--address", help="this rank's address on the cable (pairs)")
+    p.add_argument("--peer-address", help="the peer's address on the cable (pairs)")
+    p.add_argument(
+        "--port", type=parse_port, action="append", help="CAGE,ADDRESS,PEER_RANK,PEER_ADDRESS (repeat)"
+    )
+    p.add_argument("--device", help="verbs: RDMA device (e.g. rxe0, rocep1s0f0)")
+    p.add_argument("--rdma-port", type=int, default=1, help="verbs: device port number")
+    p.add_argument(
+        "--gid-index", default="auto", help="verbs: RoCE v2 GID index, or auto (the IPv4-mapped GID)"
+    )
+    p.add_argument("--tcp-port", type=int, default=DEFAULT_TCP_PORT, help="rendezvous (and tcp data) port")
+    p.add_argument("--timeout", type=float, default=30.0, help="bound on every collective, seconds")
+    p.add_argument("--setup-timeout", type=float, default=60.0, help="bound on rendezvous, seconds")
+    p.add_argument("--slot-bytes", type=int, default=256 * 1024)
+    p.add_argument("--window", type=int, default=16)
+    p.add_argument("--pingpong-size", type=int, default=16384)
+    p.add_argument("--pingpong-iters", type=int, default=1000)
+    p.add_argument("--bw-size", type=int, default=16 << 20)
+    p.add_argument("--bw-iters", type=int, default=4)
+    p.add_argument("--skip-links", action="store_true", help="only the burns")
+    p.add_argument("--burn", default="all_reduce", help=f"comma list of {','.join(COLLECTIVES)}, or none")
+    p.add_argument("--burn-dtype", default="float32", help="comma list of float32,float16,bfloat16")
+    p.add_argument("--burn-size", type=int, default=16384, help="payload bytes per rank")
+    p.add_argument("--burn-iters", type=int, default=1000)
+    p.add_argument("--output", help="write the JSON here too (it always goes to stdout)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the probe; print the JSON; 0 only if everything passed."""
+    started = datetime.datetime.now(datetime.UTC)
+    t0 = time.monotonic()
+    doc: dict[str, Any] = {"schema": SCHEMA, "ok": False, "error": None, "rank": args.rank, "world": args.world,
+                           "fabric": args.fabric, "hostname": socket.gethostname(),
+                           "started_utc": started.isoformat(timespec="seconds"), "seconds": None,
+                           "settings": {"timeout_s": args.timeout, "slot_bytes": args.slot_bytes,
+                                        "window": args.window, "tcp_port": args.tcp_port},
+                           "links": [], "burns": [], "stats": {}}  # fmt: skip
+    try:
+        spec = ring_spec(args)
+        with Communicator(spec, fabric=args.fabric, tcp_port=args.tcp_port, timeout_s=args.timeout,
+                          setup_timeout_s=args.setup_timeout, slot_bytes=args.slot_bytes,
+                          window=args.window) as comm:  # fmt: skip
+            if not args.skip_links:
+                doc["links"] = qualify_links(
+                    comm, args.pingpong_size, args.pingpong_iters, args.bw_size, args.bw_iters
+                )
+            for collective in [c for c in args.burn.split(",") if c and c != "none"]:
+                if collective not in COLLECTIVES:
+                    raise SystemExit(f"--burn {collective!r}: choose from {', '.join(COLLECTIVES)}")
+                for dtype in args.burn_dtype.split(","):
+                    doc["burns"].append(burn(comm, collective, dtype, args.burn_size, args.burn_iters))
+            doc["stats"] = {str(k): v for k, v in comm.stats().items()}
+        bad = [link for link in doc["links"] if _link_mismatches(link)] + [
+            b for b in doc["burns"] if b["mismatches"]
+        ]
+        doc["ok"] = not bad
+        if bad:
+            doc["error"] = f"{len(bad)} check(s) saw mismatched payloads"
+    except (TransportError, OSError, ValueError) as exc:
+        doc["error"] = str(exc)
+    doc["seconds"] = round(time.monotonic() - t0, 3)
+    text = json.dumps(doc, indent=2, sort_keys=True)
+    print(text)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text + "\n")
+    if doc["error"]:
+        print(f"probe failed on rank {args.rank}: {doc['error']}", file=sys.stderr)
+    return 0 if doc["ok"] else 1
+
+
+def _link_mismatches(link: dict[str, Any]) -> int:
+    pp = link["pingpong"]["mismatches"] if link["pingpong"] else 0
+    return pp + link["bandwidth"]["tx"]["mismatches"] + link["bandwidth"]["rx"]["mismatches"]

@@ -1,0 +1,53 @@
+"""Numpy references for the collectives, written independently of the C engine.
+
+They follow the reduction order that transport.schedule defines, with the engine's rule
+for half types (widen both to fp32, add, round to nearest even once), so a correct
+transport matches them byte for byte. Burns and tests compare against these.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transport.buffers import BF16, F16, F32
+from transport.schedule import allreduce_algorithm, chunk_bounds
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def add(a: np.ndarray, b: np.ndarray, code: int) -> np.ndarray:
+    """One element-wise add with the engine's rounding rule."""
+    if code == F32:
+        return a + b
+    if code == F16:
+        return (a.astype(np.float32) + b.astype(np.float32)).astype(np.float16)
+    if code == BF16:
+        return f32_to_bf16(bf16_to_f32(a) + bf16_to_f32(b))
+    raise ValueError(f"unknown dtype code {code}")
+
+
+def all_reduce(inputs: list[np.ndarray], code: int, algorithm: str = "auto") -> np.ndarray:
+    """The all-reduce result every rank must hold, in the schedule's order."""
+    world = len(inputs)
+    algo = allreduce_algorithm(world, inputs[0].nbytes, algorithm)
+    if algo == "exchange":
+        return add(inputs[0], inputs[1], code)
+    if algo == "matching":
+        return add(add(inputs[0], inputs[1], code), add(inputs[2], inputs[3], code), code)
+    flat = [x.reshape(-1) for x in inputs]
+    out = np.empty_like(flat[0])
+    for c, (lo, hi) in enumerate(chunk_bounds(flat[0].size, world)):
+        acc = flat[c][lo:hi]
+        for k in range(1, world):
+            acc = add(acc, flat[(c + k) % world][lo:hi], code)
+        out[lo:hi] = acc
+    return out.reshape(inputs[0].shape)

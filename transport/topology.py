@@ -1,0 +1,103 @@
+"""Who a rank talks to: its ring ports and the cable geometry of the inventory contract.
+
+A rank has one port per ring cable (two on a ring of four or more, one on a pair). The
+geometry is the inventory's: cable i joins rank i (host address .1) and rank (i+1) % N
+(.2) in its own /24, and its cage is i % 2 on both ends.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Port:
+    """One end of a ring cable."""
+
+    cage: int
+    address: str
+    peer_rank: int
+    peer_address: str
+    rdma_device: str | None = None
+    rdma_port: int = 1
+    gid_index: int | str = "auto"
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    """A rank's view of the ring: its id, the world size and its ports."""
+
+    rank: int
+    world: int
+    ports: tuple[Port, ...]
+
+    def __post_init__(self) -> None:
+        if self.world < 2 or self.world % 2:
+            raise ValueError(f"world size {self.world}: the ring needs an even number of ranks >= 2")
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"rank {self.rank} is outside 0..{self.world - 1}")
+        want = {(self.rank + 1) % self.world, (self.rank - 1) % self.world}
+        have = {p.peer_rank for p in self.ports}
+        if have != want or len(self.ports) != len(want):
+            raise ValueError(
+                f"rank {self.rank}: ports reach ranks {sorted(have)}, a ring neighbour set is {sorted(want)}"
+            )
+
+    def port_to(self, peer_rank: int) -> Port:
+        """The port whose cable ends at ``peer_rank``."""
+        for port in self.ports:
+            if port.peer_rank == peer_rank:
+                return port
+        raise ValueError(
+            f"rank {self.rank} has no cable to rank {peer_rank}: only ring neighbours are reachable"
+        )
+
+    @property
+    def right(self) -> int:
+        return (self.rank + 1) % self.world
+
+    @property
+    def left(self) -> int:
+        return (self.rank - 1) % self.world
+
+
+def cable_geometry(rank: int, world: int, prefix: str) -> RingSpec:
+    """The inventory contract's ring: cable i in ``<prefix>.i.0/24``, rank i on .1, rank i+1 on .2.
+
+    ``prefix`` is the first two octets (``198.19`` in the sim, ``127.77`` on loopback).
+    """
+    cables = 1 if world == 2 else world
+    ports = []
+    for cable in range(cables):
+        lo, hi = cable, (cable + 1) % world
+        if rank not in (lo, hi):
+            continue
+        mine, theirs = (1, 2) if rank == lo else (2, 1)
+        net = ipaddress.ip_network(f"{prefix}.{cable}.0/24")
+        ports.append(
+            Port(
+                cage=cable % 2,
+                address=str(net[mine]),
+                peer_rank=hi if rank == lo else lo,
+                peer_address=str(net[theirs]),
+            )
+        )
+    return RingSpec(rank, world, tuple(sorted(ports, key=lambda p: p.cage)))
+
+
+def from_hostvars(hostvars: dict) -> RingSpec:
+    """A RingSpec from the inventory plugin's hostvars (sparkring_rank, _world_size, _ports)."""
+    ports = tuple(
+        Port(
+            cage=int(p["cage"]),
+            address=str(p["address"]),
+            peer_rank=int(p["peer_rank"]),
+            peer_address=str(p["peer_address"]),
+            rdma_device=p.get("rdma_device"),
+            rdma_port=int(p.get("rdma_port") or 1),
+            gid_index=p.get("gid_index") if p.get("gid_index") is not None else "auto",
+        )
+        for p in hostvars["sparkring_ports"]
+    )
+    return RingSpec(int(hostvars["sparkring_rank"]), int(hostvars["sparkring_world_size"]), ports)
