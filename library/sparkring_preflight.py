@@ -1,0 +1,882 @@
+#!/usr/bin/python
+"""Ansible module: SparkRing's read-only node checks (preflight)."""
+
+# Ansible modules document themselves before their imports.
+# ruff: noqa: E402
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sparkring_preflight
+short_description: Read-only checks of one SparkRing rank before anything is deployed
+description:
+  - Measures one rank of a SparkRing cluster against what the cluster inventory promises
+    (hostname, management address, every ring port's carrier, MTU, address and speed, a
+    don't-fragment jumbo ping to each neighbour, that non-neighbours are unreachable over
+    the fabric, free disk, free ports, the container engine, RDMA ports and RoCE GIDs, the
+    GPU) and returns one result per check with a stable check ID.
+  - It changes nothing on the node. A failed check is a result, not a module failure; the
+    caller (the C(preflight) role) decides to fail the play. The module fails only on
+    arguments it cannot use.
+  - Link facts are read through C(module_utils/sparkring_netlink), shared with cable
+    qualification.
+version_added: "0.1.0"
+author: SparkRing
+options:
+  rank:
+    description: This node's rank.
+    type: int
+    required: true
+  hostname:
+    description: The hostname the node must report (PF-SSH proves ssh reached the right node).
+    type: str
+    required: true
+  fabric:
+    description: The ring fabric. On C(verbs) every port needs an ACTIVE RDMA port and a RoCE v2 GID.
+    type: str
+    required: true
+    choices: [tcp, verbs]
+  mtu:
+    description: The MTU every ring port must have.
+    type: int
+    required: true
+  link_speed_mbps:
+    description: The least negotiated speed of every ring port; null skips PF-LINK-SPEED.
+    type: int
+  management:
+    description: The management interface and address (the inventory's C(sparkring_management)).
+    type: dict
+    required: true
+    options:
+      interface: {type: str, required: true, description: Interface name.}
+      address: {type: str, required: true, description: IPv4 address.}
+      prefix: {type: int, required: true, description: Prefix length.}
+      cidr: {type: str, description: Address/prefix (informational).}
+  ports:
+    description: This rank's ring ports (the inventory's C(sparkring_ports)).
+    type: list
+    elements: dict
+    required: true
+    options:
+      cage: {type: int, required: true, description: Cage index of the port.}
+      interface: {type: str, required: true, description: Interface name.}
+      edge: {type: str, required: true, description: Edge (cable) id.}
+      address: {type: str, required: true, description: IPv4 address of the port.}
+      prefix: {type: int, required: true, description: Prefix length.}
+      cidr: {type: str, description: Address/prefix (informational).}
+      subnet: {type: str, description: The edge's subnet (informational).}
+      peer_rank: {type: int, required: true, description: Rank at the other end of the cable.}
+      peer_host: {type: str, description: Inventory host of the peer (informational).}
+      peer_address: {type: str, required: true, description: Peer port address.}
+      peer_interface: {type: str, description: Peer interface (informational).}
+      peer_cage: {type: int, required: true, description: Cage of the peer port.}
+      rdma_device: {type: str, description: RDMA device of the port (verbs fabric).}
+      rdma_port: {type: int, description: RDMA port number (verbs fabric).}
+      gid_index: {type: raw, description: 'RoCE GID index, or C(auto) to find it.'}
+  ring_addresses:
+    description:
+      - Every rank's ring addresses, keyed by rank. Ranks that are neither this rank nor a
+        peer of one of its ports are non-neighbours whose addresses must not answer over
+        the fabric.
+    type: dict
+    default: {}
+  disk:
+    description: Paths that need free space; a missing path is measured on its nearest existing parent.
+    type: list
+    elements: dict
+    default: []
+    options:
+      path: {type: path, required: true, description: Path.}
+      min_free_gib: {type: float, required: true, description: Least free GiB.}
+  free_ports:
+    description: Ports nothing may listen on yet (later stages bind them).
+    type: list
+    elements: dict
+    default: []
+    options:
+      port: {type: int, required: true, description: Port number.}
+      protocol: {type: str, default: tcp, choices: [tcp, udp], description: Protocol.}
+      purpose: {type: str, default: '', description: What will bind it (for messages).}
+  cluster_name:
+    description:
+      - The cluster's name. A port held only by containers labelled C(sparkring.cluster=<name>)
+        (this cluster's own deployment, on a re-run) passes PF-PORTS-FREE; unset, any holder fails it.
+    type: str
+  docker_host:
+    description: The container engine's API socket (C(unix://) URL); PF-CONTAINER-ENGINE pings it.
+    type: str
+    default: unix:///var/run/docker.sock
+  require_gpu:
+    description: Fail PF-GPU when no GPU is visible; when false a node without nvidia-smi skips it.
+    type: bool
+    default: false
+  ping_timeout_s:
+    description: Seconds to wait for each ping reply.
+    type: int
+    default: 2
+attributes:
+  check_mode:
+    support: full
+    details: Every check only reads, so check mode runs all of them.
+  diff_mode:
+    support: none
+    details: Nothing changes, so there is no diff.
+  platform:
+    platforms: posix
+notes:
+  - Needs C(ip) (iproute2) and C(ping) (iputils) on the node; C(nvidia-smi) where there is a GPU.
+"""
+
+EXAMPLES = r"""
+- name: Read-only checks of this rank
+  sparkring_preflight:
+    rank: "{{ sparkring_rank }}"
+    hostname: "{{ sparkring_hostname }}"
+    fabric: "{{ sparkring_fabric }}"
+    mtu: "{{ sparkring_mtu }}"
+    link_speed_mbps: "{{ sparkring_link_speed_mbps }}"
+    management: "{{ sparkring_management }}"
+    ports: "{{ sparkring_ports }}"
+    ring_addresses: {0: [198.19.0.1, 198.19.3.2], 2: [198.19.1.2, 198.19.2.1]}
+    disk: [{path: /var/lib/sparkring, min_free_gib: 20}]
+    free_ports: [{port: 8000, purpose: vLLM API}]
+  register: preflight
+"""
+
+RETURN = r"""
+checks:
+  description: One result per check, in a stable order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    id: {description: Stable check ID such as PF-LINK-MTU., type: str}
+    status: {description: pass, fail or skip., type: str}
+    subject: {description: 'What was checked: the rank, a port, or an edge C(r1 cage1 <-> r2 cage1).', type: str}
+    detail: {description: Measured against expected (or why it was skipped)., type: str}
+    fix: {description: What to do when it failed (empty otherwise)., type: str}
+failures:
+  description: How many checks failed.
+  returned: always
+  type: int
+counts:
+  description: Number of results per status.
+  returned: always
+  type: dict
+  sample: {pass: 20, fail: 0, skip: 3}
+gid_indices:
+  description: Resolved RoCE GID index per ring interface (verbs fabric; "auto" resolved).
+  returned: always
+  type: dict
+  sample: {enp1s0f0np0: 3}
+"""
+
+import http.client
+import ipaddress
+import json
+import os
+import re
+import socket
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sparkring_netlink import (
+    SYSFS,
+    Gid,
+    Link,
+    LinkFactError,
+    PingResult,
+    RdmaPort,
+    Runner,
+    find_roce_v2_gid,
+    ipv4_addresses,
+    ipv4_mapped_gid,
+    jumbo_payload,
+    ping,
+    rdma_devices,
+    read_gid,
+    read_link,
+    read_rdma_port,
+    route_to,
+)
+
+# The order results come out in (and the order of the README table).
+CHECK_IDS = (
+    "PF-SSH",
+    "PF-MGMT-ADDR",
+    "PF-LINK-UP",
+    "PF-LINK-MTU",
+    "PF-LINK-ADDR",
+    "PF-LINK-SPEED",
+    "PF-JUMBO-PING",
+    "PF-NONNEIGHBOR-UNREACHABLE",
+    "PF-DISK-FREE",
+    "PF-PORTS-FREE",
+    "PF-CONTAINER-ENGINE",
+    "PF-RDMA-PORT",
+    "PF-RDMA-GID",
+    "PF-GPU",
+)
+GIB = 1024**3
+# /proc/net state codes of a listening TCP socket and a bound UDP socket.
+_LISTEN_STATE = {"tcp": "0A", "udp": "07"}
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Result:
+    """One check outcome, as it appears in the JSON report."""
+
+    id: str
+    status: str
+    subject: str
+    detail: str
+    fix: str = ""
+
+
+def passed(check: str, subject: str, detail: str) -> Result:
+    return Result(check, "pass", subject, detail)
+
+
+def failed(check: str, subject: str, detail: str, fix: str) -> Result:
+    return Result(check, "fail", subject, detail, fix)
+
+
+def skipped(check: str, subject: str, reason: str) -> Result:
+    return Result(check, "skip", subject, reason)
+
+
+def port_subject(rank: int, port: dict[str, Any]) -> str:
+    return f"r{rank} cage{port['cage']} {port['interface']}"
+
+
+def edge_subject(rank: int, port: dict[str, Any]) -> str:
+    """The cable as a person finds it: both ends by rank and cage."""
+    return f"r{rank} cage{port['cage']} <-> r{port['peer_rank']} cage{port['peer_cage']}"
+
+
+# ---- judgements: facts in, results out (pure; the unit tests drive these) ----
+
+
+def judge_hostname(rank: int, expected: str, actual: str) -> Result:
+    subject = f"r{rank}"
+    if actual == expected:
+        return passed("PF-SSH", subject, f"ssh reached the node; hostname {actual}")
+    return failed(
+        "PF-SSH",
+        subject,
+        f"ssh reached a node named {actual!r}, expected {expected!r}",
+        f"point rank {rank}'s ssh target (ranks[{rank}].host / ssh in cluster.yml) at the node "
+        f"named {expected}, or set that node's hostname to {expected}",
+    )
+
+
+def judge_management(
+    rank: int, management: dict[str, Any], link: Link, addresses: list[ipaddress.IPv4Interface]
+) -> Result:
+    iface = management["interface"]
+    want = ipaddress.IPv4Interface(f"{management['address']}/{management['prefix']}")
+    subject = f"r{rank} {iface}"
+    fix = f"configure {want} on {iface} and bring it up, or correct ranks[{rank}].management in cluster.yml"
+    if not link.exists:
+        return failed("PF-MGMT-ADDR", subject, f"interface {iface} does not exist", fix)
+    if want not in addresses:
+        found = ", ".join(map(str, addresses)) or "none"
+        return failed("PF-MGMT-ADDR", subject, f"IPv4 on {iface}: {found}; expected {want}", fix)
+    if not link.up:
+        return failed("PF-MGMT-ADDR", subject, f"{iface} has {want} but is {link.operstate}", fix)
+    return passed("PF-MGMT-ADDR", subject, f"{iface} up with {want}")
+
+
+def judge_link(rank: int, port: dict[str, Any], link: Link, mtu: int, speed_mbps: int | None) -> list[Result]:
+    """PF-LINK-UP, PF-LINK-MTU and PF-LINK-SPEED of one port."""
+    edge, iface = edge_subject(rank, port), port["interface"]
+    where = f"{iface} (edge {port['edge']})"
+    if not link.exists:
+        gone = f"{where} missing (see PF-LINK-UP)"
+        return [
+            failed(
+                "PF-LINK-UP",
+                edge,
+                f"interface {where} does not exist",
+                f"check the NIC in cage {port['cage']} and the interface name in ranks[{rank}].ring_ports",
+            ),
+            skipped("PF-LINK-MTU", edge, gone),
+            skipped("PF-LINK-SPEED", edge, gone),
+        ]
+    results = []
+    if link.up:
+        results.append(passed("PF-LINK-UP", edge, f"{where} up, carrier present"))
+    else:
+        results.append(
+            failed(
+                "PF-LINK-UP",
+                edge,
+                f"{where} is {link.operstate} (carrier {'on' if link.carrier else 'off'}); expected up",
+                f"seat the cable between r{rank} cage{port['cage']} and r{port['peer_rank']} "
+                f"cage{port['peer_cage']}, and bring {iface} up on both ends (`ip link set {iface} up`)",
+            )
+        )
+    if link.mtu == mtu:
+        results.append(passed("PF-LINK-MTU", edge, f"{where} MTU {link.mtu}"))
+    else:
+        results.append(
+            failed(
+                "PF-LINK-MTU",
+                edge,
+                f"{where} MTU {link.mtu}; expected {mtu}",
+                f"set MTU {mtu} on {iface} and on the peer port (`ip link set {iface} mtu {mtu}`, "
+                "and persist it in the node's network configuration)",
+            )
+        )
+    if speed_mbps is None:
+        results.append(skipped("PF-LINK-SPEED", edge, "link_speed_mbps is null in cluster.yml"))
+    elif link.speed_mbps is not None and link.speed_mbps >= speed_mbps:
+        results.append(passed("PF-LINK-SPEED", edge, f"{where} {link.speed_mbps} Mb/s"))
+    else:
+        measured = "unknown" if link.speed_mbps is None else f"{link.speed_mbps} Mb/s"
+        results.append(
+            failed(
+                "PF-LINK-SPEED",
+                edge,
+                f"{where} negotiated {measured}; expected at least {speed_mbps} Mb/s",
+                "reseat or replace the cable/transceiver; check `ethtool "
+                f"{iface}` on both ends for the advertised modes",
+            )
+        )
+    return results
+
+
+def judge_address(rank: int, port: dict[str, Any], addresses: list[ipaddress.IPv4Interface]) -> Result:
+    """PF-LINK-ADDR: exactly the inventory's address and prefix, nothing else."""
+    want = ipaddress.IPv4Interface(f"{port['address']}/{port['prefix']}")
+    found = ", ".join(map(str, addresses)) or "none"
+    edge = edge_subject(rank, port)
+    if addresses == [want]:
+        return passed("PF-LINK-ADDR", edge, f"{port['interface']} has {want}")
+    return failed(
+        "PF-LINK-ADDR",
+        edge,
+        f"IPv4 on {port['interface']} (edge {port['edge']}): {found}; expected exactly {want}",
+        f"give {port['interface']} exactly {want} (remove the others), or correct "
+        f"ranks[{rank}].ring_ports cage {port['cage']} in cluster.yml",
+    )
+
+
+def judge_jumbo(rank: int, port: dict[str, Any], mtu: int, result: PingResult) -> Result:
+    payload = jumbo_payload(mtu)
+    edge = edge_subject(rank, port)
+    probe = f"DF ping of {payload} B from {port['interface']} to {port['peer_address']}"
+    if result.answered:
+        return passed("PF-JUMBO-PING", edge, f"{probe}: {result.received}/{result.transmitted} replies")
+    return failed(
+        "PF-JUMBO-PING",
+        edge,
+        f"{probe}: {result.error}; expected a reply at MTU {mtu}",
+        f"MTU {mtu}, the address and the link must hold on both ends of edge {port['edge']}: "
+        f"see this edge's other PF-LINK-* results on r{rank} and r{port['peer_rank']}",
+    )
+
+
+def judge_non_neighbor(
+    rank: int, peer: int, address: str, answered_on: list[str], route_dev: str | None
+) -> Result:
+    subject = f"r{rank} -> r{peer} {address}"
+    if not answered_on:
+        return passed(
+            "PF-NONNEIGHBOR-UNREACHABLE", subject, "no reply over any ring port (expected: unreachable)"
+        )
+    return failed(
+        "PF-NONNEIGHBOR-UNREACHABLE",
+        subject,
+        f"non-neighbour r{peer} answered over {', '.join(answered_on)} (kernel route via "
+        f"{route_dev or 'none'}); expected no path over the fabric",
+        "a ring node forwards or routes between its cables: set net.ipv4.ip_forward=0 on the "
+        "ranks between them and remove routes to other edges' subnets",
+    )
+
+
+def judge_disk(path: str, measured_on: str, free_bytes: int, min_free_gib: float) -> Result:
+    free_gib = free_bytes / GIB
+    where = path if measured_on == path else f"{path} (measured on {measured_on})"
+    if free_gib >= min_free_gib:
+        return passed("PF-DISK-FREE", path, f"{where}: {free_gib:.1f} GiB free, need {min_free_gib:g}")
+    return failed(
+        "PF-DISK-FREE",
+        path,
+        f"{where}: {free_gib:.1f} GiB free; expected at least {min_free_gib:g} GiB",
+        f"free space on the filesystem holding {measured_on}, or lower the limit in preflight_disk_free",
+    )
+
+
+def judge_port_free(
+    port: int, protocol: str, purpose: str, holders: list[str] | None, ours: list[str]
+) -> Result:
+    """Free, or held only by this cluster's own containers (a re-run: launch replaces them)."""
+    subject = f"{port}/{protocol}" + (f" ({purpose})" if purpose else "")
+    if holders is None:
+        return passed("PF-PORTS-FREE", subject, "nothing listens on it")
+    if holders and set(holders) <= set(ours):
+        return passed("PF-PORTS-FREE", subject, f"held by this cluster's own container {', '.join(holders)}")
+    held = ", ".join(holders) or "a process this node does not show"
+    return failed(
+        "PF-PORTS-FREE",
+        subject,
+        f"already listening on {port}/{protocol}: {held}; expected free",
+        f"stop what holds it (`ss -lpn 'sport = :{port}'`) or choose another port in preflight_free_ports",
+    )
+
+
+def judge_rdma_port(
+    rank: int, port: dict[str, Any], fabric: str, devices: list[str], state: RdmaPort | None
+) -> Result:
+    """PF-RDMA-PORT: skip where RDMA is not expected; on verbs the port must be ACTIVE."""
+    edge = edge_subject(rank, port)
+    device, number = port.get("rdma_device"), port.get("rdma_port")
+    if fabric != "verbs":
+        return skipped("PF-RDMA-PORT", edge, f"fabric {fabric}: no RDMA device expected")
+    name = f"{device} port {number}"
+    fix = (
+        f"load the RDMA driver (mlx5_ib) and check `ibv_devinfo -d {device}`; the device names here "
+        f"are {', '.join(devices) or 'none'}: correct rdma.device of ranks[{rank}] cage {port['cage']}"
+    )
+    if not device or number is None:
+        return failed("PF-RDMA-PORT", edge, "no rdma device/port in the inventory on a verbs fabric", fix)
+    if state is None or not state.exists:
+        return failed("PF-RDMA-PORT", edge, f"RDMA {name} does not exist on this node", fix)
+    if not state.active:
+        return failed(
+            "PF-RDMA-PORT",
+            edge,
+            f"RDMA {name} is {state.state} (physical {state.phys_state}); expected ACTIVE",
+            f"bring {port['interface']} up with its cable seated; `ibv_devinfo -d {device}` must show PORT_ACTIVE",
+        )
+    return passed("PF-RDMA-PORT", edge, f"RDMA {name} ACTIVE ({state.phys_state})")
+
+
+def judge_gid(
+    rank: int, port: dict[str, Any], fabric: str, gid: Gid | None, index: int | str | None
+) -> Result:
+    """PF-RDMA-GID: the GID at the index is RoCE v2, the port's IPv4-mapped address, on its netdev."""
+    edge = edge_subject(rank, port)
+    if fabric != "verbs":
+        return skipped("PF-RDMA-GID", edge, f"fabric {fabric}: no RoCE GID expected")
+    want = ipv4_mapped_gid(port["address"])
+    name = f"{port.get('rdma_device')} port {port.get('rdma_port')}"
+    fix = (
+        f"assign {port['address']} to {port['interface']} (the kernel then adds its RoCE v2 GID) and set "
+        f"gid_index of ranks[{rank}] cage {port['cage']} to auto or to the index `show_gids` lists"
+    )
+    if gid is None:
+        where = "no RoCE v2 entry" if index == "auto" else f"index {index} is empty"
+        return failed("PF-RDMA-GID", edge, f"{name}: {where}; expected RoCE v2 GID {want}", fix)
+    problems = []
+    if gid.gid != want:
+        problems.append(f"GID {gid.gid} (expected {want})")
+    if gid.type != "RoCE v2":
+        problems.append(f"type {gid.type} (expected RoCE v2)")
+    if gid.netdev not in (None, port["interface"]):
+        problems.append(f"netdev {gid.netdev} (expected {port['interface']})")
+    if problems:
+        return failed("PF-RDMA-GID", edge, f"{name} GID index {gid.index}: " + "; ".join(problems), fix)
+    resolved = " (auto)" if index == "auto" else ""
+    return passed("PF-RDMA-GID", edge, f"{name} GID index {gid.index}{resolved} = {want}, RoCE v2")
+
+
+def judge_gpu(rank: int, require: bool, found: str | None, error: str | None) -> Result:
+    subject = f"r{rank}"
+    if found:
+        return passed("PF-GPU", subject, f"nvidia-smi sees: {found}")
+    if not require and error is None:
+        return skipped("PF-GPU", subject, "no nvidia-smi on this node and no GPU required")
+    return failed(
+        "PF-GPU",
+        subject,
+        f"no GPU visible ({error or 'nvidia-smi listed none'}); expected at least one",
+        "install the NVIDIA driver and check `nvidia-smi`",
+    )
+
+
+# ---- fact readers that are preflight's own (not link facts) ----
+
+
+def listening_sockets(protocol: str, proc: str = "/proc") -> dict[int, set[int]]:
+    """Port -> inodes of its listening (TCP) or bound (UDP) sockets in this network namespace."""
+    ports: dict[int, set[int]] = {}
+    for name in (protocol, protocol + "6"):
+        try:
+            with open(os.path.join(proc, "net", name), encoding="ascii") as handle:
+                lines = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == _LISTEN_STATE[protocol]:
+                port = int(fields[1].rsplit(":", 1)[1], 16)
+                ports.setdefault(port, set()).add(int(fields[9]))
+    return ports
+
+
+def socket_holders(inodes: set[int], proc: str = "/proc") -> dict[int, str]:
+    """PID -> command name of every process holding one of these sockets."""
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    holders = {}
+    for pid in filter(str.isdigit, os.listdir(proc)):
+        fd_dir = os.path.join(proc, pid, "fd")
+        try:
+            held = any(os.readlink(os.path.join(fd_dir, fd)) in wanted for fd in os.listdir(fd_dir))
+            if held:
+                with open(os.path.join(proc, pid, "comm"), encoding="utf-8", errors="replace") as handle:
+                    holders[int(pid)] = handle.read().strip()
+        except OSError:
+            continue  # the process ended or is not ours to read
+    return holders
+
+
+def container_id(pid: int, proc: str = "/proc") -> str | None:
+    """The Docker container a process runs in, from the 64-hex id in its cgroup path."""
+    try:
+        with open(os.path.join(proc, str(pid), "cgroup"), encoding="utf-8") as handle:
+            match = _CONTAINER_ID.search(handle.read())
+    except OSError:
+        return None
+    return match.group(0) if match else None
+
+
+def nearest_existing(path: str) -> str:
+    """The path itself, or the closest parent that exists (where it would be created)."""
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a unix socket: the Docker API without the docker CLI or SDK."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def docker_get(docker_host: str, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """One GET on the Docker API socket; returns (status, body)."""
+    if not docker_host.startswith("unix://"):
+        raise ValueError(f"docker_host {docker_host!r} is not a unix:// socket")
+    conn = _UnixHTTPConnection(docker_host.removeprefix("unix://"), timeout)
+    try:
+        conn.request("GET", path)
+        reply = conn.getresponse()
+        return reply.status, reply.read()
+    finally:
+        conn.close()
+
+
+def docker_version(docker_host: str) -> str:
+    """GET /_ping then /version; returns the engine version or raises OSError/ValueError."""
+    status, body = docker_get(docker_host, "/_ping")
+    if status != 200 or body != b"OK":
+        raise ValueError(f"/_ping answered {status} {body[:80]!r}")
+    version = json.loads(docker_get(docker_host, "/version")[1])
+    return f"{version.get('Version', '?')} (API {version.get('ApiVersion', '?')})"
+
+
+def cluster_container(docker_host: str, container: str, cluster: str) -> str | None:
+    """The container's name when it carries this cluster's label (sparkring.cluster), else None."""
+    try:
+        status, body = docker_get(docker_host, f"/containers/{container}/json")
+        info = json.loads(body) if status == 200 else {}
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    labels = (info.get("Config") or {}).get("Labels") or {}
+    return (
+        info.get("Name", container[:12]).lstrip("/") if labels.get("sparkring.cluster") == cluster else None
+    )
+
+
+class Preflight:
+    """Reads the facts of one rank and turns them into results, in CHECK_IDS order."""
+
+    def __init__(
+        self,
+        params: dict[str, Any],
+        run: Runner,
+        which: Callable[[str, bool], str | None],
+        sysfs: str = SYSFS,
+    ) -> None:
+        self.p = params
+        self.run = run
+        self.which = which
+        self.sysfs = sysfs
+        self.rank = params["rank"]
+        self.ports = sorted(params["ports"], key=lambda port: port["cage"])
+        self.ip_bin = which("ip", True)
+        self.ping_bin = which("ping", True)
+        self.gid_indices: dict[str, int] = {}
+
+    def _addresses(self, interface: str) -> list[ipaddress.IPv4Interface]:
+        try:
+            return ipv4_addresses(self.run, interface, ip=self.ip_bin)
+        except LinkFactError:
+            return []
+
+    def results(self) -> list[Result]:
+        out = [judge_hostname(self.rank, self.p["hostname"], socket.gethostname())]
+        mgmt = self.p["management"]
+        out.append(
+            judge_management(
+                self.rank,
+                mgmt,
+                read_link(mgmt["interface"], self.sysfs),
+                self._addresses(mgmt["interface"]),
+            )
+        )
+        out += self._ports()
+        out += self._non_neighbors()
+        for item in self.p["disk"]:
+            where = nearest_existing(item["path"])
+            stat = os.statvfs(where)
+            out.append(judge_disk(item["path"], where, stat.f_bavail * stat.f_frsize, item["min_free_gib"]))
+        out += self._free_ports()
+        out.append(self._container_engine())
+        out += self._rdma()
+        out.append(self._gpu())
+        order = {check: index for index, check in enumerate(CHECK_IDS)}
+        return sorted(out, key=lambda result: order[result.id])
+
+    def _ports(self) -> list[Result]:
+        out = []
+        for port in self.ports:
+            link = read_link(port["interface"], self.sysfs)
+            out += judge_link(self.rank, port, link, self.p["mtu"], self.p["link_speed_mbps"])
+            if link.exists:
+                out.append(judge_address(self.rank, port, self._addresses(port["interface"])))
+                reply = ping(
+                    self.run,
+                    port["peer_address"],
+                    interface=port["interface"],
+                    payload_bytes=jumbo_payload(self.p["mtu"]),
+                    dont_fragment=True,
+                    count=2,
+                    timeout_s=self.p["ping_timeout_s"],
+                    ping_bin=self.ping_bin,
+                )
+                out.append(judge_jumbo(self.rank, port, self.p["mtu"], reply))
+            else:
+                gone = f"{port['interface']} missing (see PF-LINK-UP)"
+                out.append(skipped("PF-LINK-ADDR", edge_subject(self.rank, port), gone))
+                out.append(skipped("PF-JUMBO-PING", edge_subject(self.rank, port), gone))
+        return out
+
+    def _non_neighbors(self) -> list[Result]:
+        neighbors = {self.rank} | {port["peer_rank"] for port in self.ports}
+        others = {int(rank): addrs for rank, addrs in self.p["ring_addresses"].items()}
+        others = {rank: addrs for rank, addrs in others.items() if rank not in neighbors}
+        if not others:
+            return [
+                skipped(
+                    "PF-NONNEIGHBOR-UNREACHABLE",
+                    f"r{self.rank}",
+                    "every other rank is a neighbour (ring of 2 or 3), or ring_addresses was not given",
+                )
+            ]
+        ring_ifaces = [
+            port["interface"] for port in self.ports if read_link(port["interface"], self.sysfs).exists
+        ]
+        probes = [
+            (rank, address, iface)
+            for rank in sorted(others)
+            for address in others[rank]
+            for iface in ring_ifaces
+        ]
+
+        def answered(probe: tuple[int, str, str]) -> bool:
+            _rank, address, iface = probe
+            return ping(self.run, address, interface=iface, timeout_s=1, ping_bin=self.ping_bin).answered
+
+        # Bound to a port with no route, the kernel ARPs on-link and waits: probe in parallel.
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            replies = dict(zip(probes, pool.map(answered, probes), strict=True))
+        out = []
+        for rank in sorted(others):
+            for address in others[rank]:
+                over = [iface for iface in ring_ifaces if replies[(rank, address, iface)]]
+                route = route_to(self.run, address, ip=self.ip_bin) if over else None
+                out.append(judge_non_neighbor(self.rank, rank, address, over, route and route.dev))
+        return out
+
+    def _free_ports(self) -> list[Result]:
+        listening = {proto: listening_sockets(proto) for proto in ("tcp", "udp")}
+        out = []
+        for item in self.p["free_ports"]:
+            inodes = listening[item["protocol"]].get(item["port"])
+            holders, ours = None, []
+            if inodes:
+                pids = socket_holders(inodes)
+                holders = sorted({f"{name} (pid {pid})" for pid, name in pids.items()})
+                containers = {container_id(pid) for pid in pids}
+                if self.p["cluster_name"] and pids and None not in containers:
+                    names = [
+                        cluster_container(self.p["docker_host"], cid, self.p["cluster_name"])
+                        for cid in containers
+                    ]
+                    if None not in names:
+                        holders = ours = sorted(names)
+            out.append(judge_port_free(item["port"], item["protocol"], item["purpose"], holders, ours))
+        return out
+
+    def _container_engine(self) -> Result:
+        host = self.p["docker_host"]
+        try:
+            version = docker_version(host)
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            return failed(
+                "PF-CONTAINER-ENGINE",
+                host,
+                f"the Docker daemon does not answer on {host}: {exc}",
+                "install and start Docker (`systemctl enable --now docker`), or set preflight_docker_host",
+            )
+        return passed("PF-CONTAINER-ENGINE", host, f"Docker {version} answers /_ping")
+
+    def _rdma(self) -> list[Result]:
+        fabric, devices = self.p["fabric"], rdma_devices(self.sysfs)
+        out = []
+        for port in self.ports:
+            device, number = port.get("rdma_device"), port.get("rdma_port")
+            usable = fabric == "verbs" and device and number is not None
+            state = read_rdma_port(device, number, self.sysfs) if usable else None
+            out.append(judge_rdma_port(self.rank, port, fabric, devices, state))
+            index = port.get("gid_index")
+            gid = None
+            if usable and index == "auto":
+                gid = find_roce_v2_gid(device, number, port["address"], self.sysfs)
+            elif usable and index is not None:
+                gid = read_gid(device, number, int(index), self.sysfs)
+            if gid is not None:
+                self.gid_indices[port["interface"]] = gid.index
+            out.append(judge_gid(self.rank, port, fabric, gid, index))
+        return out
+
+    def _gpu(self) -> Result:
+        smi = self.which("nvidia-smi", False)
+        if not smi:
+            error = "nvidia-smi not found" if self.p["require_gpu"] else None
+            return judge_gpu(self.rank, self.p["require_gpu"], None, error)
+        rc, out, err = self.run([smi, "--query-gpu=index,name,uuid", "--format=csv,noheader"])
+        gpus = [line.strip() for line in out.splitlines() if line.strip()] if rc == 0 else []
+        error = None if rc == 0 else (err or out).strip()[:200] or f"exit {rc}"
+        return judge_gpu(self.rank, True, "; ".join(gpus) or None, error)
+
+
+def _check_arguments(module: AnsibleModule) -> None:
+    """Refuse what argument_spec cannot express, naming the field and the fix."""
+    for port in module.params["ports"]:
+        index = port.get("gid_index")
+        if index is not None and index != "auto" and not str(index).isdigit():
+            module.fail_json(
+                msg=f"ports[cage {port['cage']}].gid_index: {index!r} is neither a number nor 'auto'; "
+                "fix gid_index in cluster.yml"
+            )
+    for item in module.params["disk"]:
+        if not os.path.isabs(item["path"]):
+            module.fail_json(msg=f"disk path {item['path']!r} is not absolute; give the full path")
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "rank": {"type": "int", "required": True},
+            "hostname": {"type": "str", "required": True},
+            "fabric": {"type": "str", "required": True, "choices": ["tcp", "verbs"]},
+            "mtu": {"type": "int", "required": True},
+            "link_speed_mbps": {"type": "int"},
+            "management": {
+                "type": "dict",
+                "required": True,
+                "options": {
+                    "interface": {"type": "str", "required": True},
+                    "address": {"type": "str", "required": True},
+                    "prefix": {"type": "int", "required": True},
+                    "cidr": {"type": "str"},
+                },
+            },
+            "ports": {
+                "type": "list",
+                "elements": "dict",
+                "required": True,
+                "options": {
+                    "cage": {"type": "int", "required": True},
+                    "interface": {"type": "str", "required": True},
+                    "edge": {"type": "str", "required": True},
+                    "address": {"type": "str", "required": True},
+                    "prefix": {"type": "int", "required": True},
+                    "cidr": {"type": "str"},
+                    "subnet": {"type": "str"},
+                    "peer_rank": {"type": "int", "required": True},
+                    "peer_host": {"type": "str"},
+                    "peer_address": {"type": "str", "required": True},
+                    "peer_interface": {"type": "str"},
+                    "peer_cage": {"type": "int", "required": True},
+                    "rdma_device": {"type": "str"},
+                    "rdma_port": {"type": "int"},
+                    "gid_index": {"type": "raw"},
+                },
+            },
+            "ring_addresses": {"type": "dict", "default": {}},
+            "disk": {
+                "type": "list",
+                "elements": "dict",
+                "default": [],
+                "options": {
+                    "path": {"type": "path", "required": True},
+                    "min_free_gib": {"type": "float", "required": True},
+                },
+            },
+            "free_ports": {
+                "type": "list",
+                "elements": "dict",
+                "default": [],
+                "options": {
+                    "port": {"type": "int", "required": True},
+                    "protocol": {"type": "str", "default": "tcp", "choices": ["tcp", "udp"]},
+                    "purpose": {"type": "str", "default": ""},
+                },
+            },
+            "docker_host": {"type": "str", "default": "unix:///var/run/docker.sock"},
+            "cluster_name": {"type": "str"},
+            "require_gpu": {"type": "bool", "default": False},
+            "ping_timeout_s": {"type": "int", "default": 2},
+        },
+        supports_check_mode=True,
+    )
+    _check_arguments(module)
+    module.run_command_environ_update = {"LANG": "C", "LC_ALL": "C"}
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        return module.run_command(argv)
+
+    def which(name: str, required: bool) -> str | None:
+        return module.get_bin_path(name, required=required, opt_dirs=["/usr/sbin", "/sbin"])
+
+    preflight = Preflight(module.params, run, which)
+    results = preflight.results()
+    counts = {status: sum(r.status == status for r in results) for status in ("pass", "fail", "skip")}
+    module.exit_json(
+        changed=False,
+        checks=[asdict(result) for result in results],
+        failures=counts["fail"],
+        counts=counts,
+        gid_indices=preflight.gid_indices,
+    )
+
+
+if __name__ == "__main__":
+    main()

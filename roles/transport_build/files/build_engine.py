@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Build (or only inspect) the transport's native libraries on this node; print JSON.
+
+The transport compiles its engine on first use into a cache keyed by the sources, the
+compiler and the flags (transport/_native.py). The build stage runs this once per node so
+that the first collective does not pay for a compile, and records each library's sha256:
+
+    build_engine.py [--inspect] [--verbs]   ->  {"needs_build": bool, "libraries": {...}}
+
+`--inspect` only reports what a build would do (check mode); without it, missing
+libraries are built. Run with PYTHONPATH at the installed package and
+SPARKRING_TRANSPORT_CACHE at the node's cache directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--inspect", action="store_true", help="report only; build nothing")
+    parser.add_argument("--verbs", action="store_true", help="also the verbs engine (needs libibverbs-dev)")
+    args = parser.parse_args()
+    from transport import _native
+
+    # (library, sources, extra flags): exactly what transport._native and transport.verbs build.
+    wanted = [("libsr_engine.so", [_native.CSRC / "sr_engine.c"], [])]
+    if args.verbs:
+        wanted.append(("libsr_verbs.so", [_native.CSRC / "sr_verbs.c"], ["-libverbs"]))
+    targets = {
+        name: _native.cache_root() / _native.build_key(src, extra) / name for name, src, extra in wanted
+    }
+    needs_build = not all(path.exists() for path in targets.values())
+    if not args.inspect:
+        for name, src, extra in wanted:
+            _native.compile_cached(name, src, extra)
+    libraries = {
+        name: {"path": str(path), "sha256": sha256(path) if path.exists() else None}
+        for name, path in targets.items()
+    }
+    json.dump({"needs_build": needs_build, "libraries": libraries}, sys.stdout, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
