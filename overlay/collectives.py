@@ -1,0 +1,117 @@
+"""The communicator wrappers: all-reduce and all-gather through the ring transport.
+
+Installed over ``CpuCommunicator``/``CudaCommunicator`` methods by the plugin; ``stock`` is
+the upstream method they replace. Per call: a group, dtype or shape the transport does not
+take goes to stock (counted as ``fallback``); in ``custom`` mode the ring's result is
+returned; in ``shadow`` mode both run, stock's result is returned, and the two are compared
+within ``EPS``-scaled bounds (mismatches counted). A transport error dumps the flight recorder and
+propagates: a half-working ring must stop the process, not silently diverge between ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from overlay.recorder import RECORDER
+from overlay.ring import GROUPS
+
+RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Shadow-mode envelope: the ring sums in its fixed matching order (fp16/bf16 in fp32, rounded
+# once), gloo and NCCL in theirs, rounding every partial sum; a sum over `world` ranks may then
+# differ by about world x eps x its largest magnitude. Outside that it is a real mismatch.
+EPS = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+
+MODE = {"mode": "disabled"}  # set once by the plugin
+
+
+def dtype_name(x: torch.Tensor) -> str:
+    return str(x.dtype).removeprefix("torch.")
+
+
+def ring_for(comm: Any, x: torch.Tensor) -> Any | None:
+    """The transport communicator for this call, or None to use stock."""
+    if x.dtype not in RING_DTYPES or x.numel() == 0:
+        return None
+    if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None  # host staging cannot be captured into a CUDA graph
+    if not GROUPS.rides_ring(comm.unique_name, comm.world_size):
+        return None
+    if RECORDER.rank is None and comm.unique_name.startswith("tp:"):
+        RECORDER.rank = comm.rank_in_group
+    return GROUPS.get(comm.unique_name, comm.rank_in_group, comm.world_size)
+
+
+def run_ring(op: str, x: torch.Tensor, call: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    start = time.perf_counter()
+    try:
+        out = call(x.detach().to("cpu"))
+    except Exception:
+        RECORDER.count(f"{op}.error")
+        RECORDER.dump(f"{op} failed")
+        raise
+    RECORDER.record(op, "ring", tuple(x.shape), dtype_name(x), time.perf_counter() - start)
+    return out.to(x.device)
+
+
+def compare(op: str, ring: torch.Tensor, stock: torch.Tensor, world: int) -> None:
+    """Count a shadow mismatch unless |ring - stock| <= world * eps * (|stock| + max |stock|)."""
+    RECORDER.count(f"{op}.shadow_compared")
+    tol = world * EPS[stock.dtype]
+    ok = ring.shape == stock.shape
+    if ok and stock.numel():
+        ref = stock.float()
+        ok = bool(((ring.float() - ref).abs() <= tol * (ref.abs() + ref.abs().max())).all())
+    if not ok:
+        RECORDER.count(f"{op}.shadow_mismatch")
+
+
+def _stock(op: str, x: torch.Tensor, run: Callable[[], torch.Tensor], path: str) -> torch.Tensor:
+    start = time.perf_counter()
+    out = run()
+    RECORDER.record(op, path, tuple(x.shape), dtype_name(x), time.perf_counter() - start)
+    return out
+
+
+def make_all_reduce(stock: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Wrap ``stock(self, input_)``; on CPU the result lands in ``input_`` as upstream's does."""
+
+    def all_reduce(self: Any, input_: torch.Tensor) -> torch.Tensor:
+        ring = ring_for(self, input_)
+        if ring is None:
+            return _stock("all_reduce", input_, lambda: stock(self, input_), "fallback")
+        out = run_ring("all_reduce", input_, ring.all_reduce)
+        if MODE["mode"] == "shadow":
+            ref = _stock("all_reduce", input_, lambda: stock(self, input_), "stock")
+            compare("all_reduce", out, ref, self.world_size)
+            return ref
+        if input_.device.type == "cpu":
+            input_.copy_(out)
+            return input_
+        return out
+
+    all_reduce.__wrapped__ = stock  # type: ignore[attr-defined]
+    return all_reduce
+
+
+def make_all_gather(stock: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Wrap ``stock(self, input_, dim)``: ring order is group-rank order, as upstream's."""
+
+    def all_gather(self: Any, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        ring = ring_for(self, input_)
+        if ring is None:
+            return _stock("all_gather", input_, lambda: stock(self, input_, dim), "fallback")
+        d = dim % input_.dim()
+        op = "dcp_query_all_gather" if self.unique_name.startswith("dcp:") and d == 1 else "all_gather"
+        out = run_ring(op, input_, lambda x: ring.all_gather(x.contiguous(), dim=d, collective=op))
+        if MODE["mode"] == "shadow":
+            ref = _stock(op, input_, lambda: stock(self, input_, dim), "stock")
+            compare(op, out, ref, self.world_size)
+            return ref
+        return out
+
+    all_gather.__wrapped__ = stock  # type: ignore[attr-defined]
+    return all_gather

@@ -1,0 +1,96 @@
+"""Which vLLM groups ride the ring, and their transport communicators.
+
+A group rides the ring when its name is a tensor- or decode-context-parallel group
+(``tp:*``, ``dcp:*``) and its size equals the ring's world: its rank in the group is the
+ring rank (one vLLM rank per node, as ``--nnodes N`` launches it). The ring itself comes
+from the environment the launch renders:
+
+* ``SPARKRING_RING_SPEC``: a JSON file ``{"rank", "world", "ports": [{cage, address,
+  peer_rank, peer_address, rdma_device?, rdma_port?, gid_index?}]}`` (the overlay role
+  writes it from the inventory), or
+* ``SPARKRING_RING_PREFIX``: the inventory's cable geometry on ``<prefix>.<cable>.0/24``
+  (``198.19`` in the sim, ``127.77`` on loopback), rank taken from the group.
+
+``SPARKRING_TRANSPORT_FABRIC`` (tcp|verbs, default tcp) and ``SPARKRING_TRANSPORT_PORT``
+(default 18600) choose the fabric and the rendezvous port; ``SPARKRING_TRANSPORT_TIMEOUT_S``
+and ``SPARKRING_TRANSPORT_SETUP_TIMEOUT_S`` bound a collective and the rendezvous. The communicator is created on
+the group's first supported collective, which every rank of the group reaches together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from transport import Communicator
+from transport.comm import DEFAULT_TCP_PORT
+from transport.topology import Port, RingSpec, cable_geometry
+
+RING_GROUPS = ("tp:", "dcp:")
+# Ranks reach a group's first collective minutes apart on a loaded node (model load, first
+# forward); later collectives are lock-step, but a slow peer is not a dead one.
+SETUP_TIMEOUT_S = 600.0
+TIMEOUT_S = 120.0
+
+
+def ring_spec(group_rank: int, group_world: int) -> RingSpec | None:
+    """The ring this process is on, or None when the environment names no ring."""
+    spec_file = os.environ.get("SPARKRING_RING_SPEC")
+    if spec_file:
+        doc = json.loads(Path(spec_file).read_text())
+        ports = tuple(
+            Port(int(p["cage"]), str(p["address"]), int(p["peer_rank"]), str(p["peer_address"]),
+                 p.get("rdma_device"), int(p.get("rdma_port") or 1), p.get("gid_index") or "auto")
+            for p in doc["ports"]
+        )  # fmt: skip
+        spec = RingSpec(int(doc["rank"]), int(doc["world"]), ports)
+        if (spec.rank, spec.world) != (group_rank, group_world):
+            raise ValueError(
+                f"{spec_file} says ring rank {spec.rank} of {spec.world}, but vLLM put this process at "
+                f"rank {group_rank} of {group_world}: --node-rank must equal the inventory's sparkring_rank"
+            )
+        return spec
+    prefix = os.environ.get("SPARKRING_RING_PREFIX")
+    if prefix:
+        return cable_geometry(group_rank, group_world, prefix)
+    return None
+
+
+class RingGroups:
+    """One transport communicator per vLLM group name, created on first use."""
+
+    def __init__(self) -> None:
+        self._comms: dict[str, Communicator] = {}
+        self._lock = threading.Lock()
+
+    def rides_ring(self, unique_name: str, world: int) -> bool:
+        return unique_name.startswith(RING_GROUPS) and world >= 2 and world % 2 == 0
+
+    def get(self, unique_name: str, rank: int, world: int) -> Communicator | None:
+        """The group's communicator (creating it joins the rendezvous), or None if no ring is set."""
+        with self._lock:
+            if unique_name not in self._comms:
+                spec = ring_spec(rank, world)
+                if spec is None:
+                    return None
+                self._comms[unique_name] = Communicator(
+                    spec,
+                    fabric=os.environ.get("SPARKRING_TRANSPORT_FABRIC", "tcp"),
+                    tcp_port=int(os.environ.get("SPARKRING_TRANSPORT_PORT", DEFAULT_TCP_PORT))
+                    + len(self._comms),
+                    timeout_s=float(os.environ.get("SPARKRING_TRANSPORT_TIMEOUT_S", TIMEOUT_S)),
+                    setup_timeout_s=float(
+                        os.environ.get("SPARKRING_TRANSPORT_SETUP_TIMEOUT_S", SETUP_TIMEOUT_S)
+                    ),
+                )
+            return self._comms[unique_name]
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {name: comm.stats() for name, comm in self._comms.items()}
+
+
+GROUPS = RingGroups()
