@@ -16,7 +16,9 @@ from sparkring.profile import GIB, LaunchProfile
 
 CONTAINER_MODEL_DIR = "/models/model"
 CONTAINER_DRAFT_DIR = "/models/draft"
-CONTAINER_NCCL_DIR = "/opt/sparkring/nccl"
+# The patched NCCL travels inside the GB10 image (images/Containerfile; images/build_context.py
+# NCCL_IN_IMAGE), so the attestation hashes the library the container really loads.
+CONTAINER_NCCL_LIB = "/opt/sparkring/nccl/lib/libnccl.so.2"
 SECRET_ENV_NAMES = ("HF_TOKEN", "VLLM_API_KEY")
 SPARKCACHE_CONNECTOR = "SparkCacheConnector"
 SPARKCACHE_MODULE = "sparkcache.connector"
@@ -61,6 +63,11 @@ class RankSpec:
         }
 
 
+def container_name(rank: int) -> str:
+    """The rank's container name; the previous deployment is kept as `<name>-previous`."""
+    return f"sparkring-rank{rank}"
+
+
 def network_env(rank: dict[str, Any], head: dict[str, Any], nccl_mode: str) -> dict[str, str]:
     """NCCL/Gloo/vLLM network settings derived from the inventory, never typed by hand.
 
@@ -82,7 +89,7 @@ def network_env(rank: dict[str, Any], head: dict[str, Any], nccl_mode: str) -> d
             env["NCCL_IB_GID_INDEX"] = str(next(iter(gid_indexes)))
     if nccl_mode == "patched":
         env["NCCL_SWITCHLESS_RING"] = "1"
-        env["LD_PRELOAD"] = f"{CONTAINER_NCCL_DIR}/libnccl.so.2"
+        env["LD_PRELOAD"] = CONTAINER_NCCL_LIB
     if nccl_mode in ("patched", "patch-free"):
         env["NCCL_ALGO"] = "Ring"
         env["NCCL_NVLS_ENABLE"] = "0"
@@ -104,6 +111,8 @@ def _sparkcache_transfer_config(profile: LaunchProfile) -> str:
         "kv_connector": SPARKCACHE_CONNECTOR,
         "kv_connector_module_path": SPARKCACHE_MODULE,
         "kv_role": "kv_both",
+        # A bad or missing page is recomputed, never served: the connector refuses any other policy.
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": extra,
     }
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
@@ -185,7 +194,7 @@ def render_rank_spec(
     world_size = rank_vars["sparkring_world_size"]
     profile = profile.for_world(world_size)
     master_address = head_vars["sparkring_management"]["address"]
-    name = f"sparkring-rank{rank}"
+    name = container_name(rank)
 
     env = network_env(rank_vars, head_vars, profile.nccl_mode)
     env |= {
@@ -211,8 +220,6 @@ def render_rank_spec(
     ]
     if profile.draft_path:
         mounts.append({"source": profile.draft_path, "target": CONTAINER_DRAFT_DIR, "read_only": True})
-    if profile.nccl_mode == "patched":
-        mounts.append({"source": "/opt/sparkring/nccl/lib", "target": CONTAINER_NCCL_DIR, "read_only": True})
     if profile.sparkcache_enabled:
         mounts.append(
             {"source": profile.sparkcache_dir, "target": profile.sparkcache_dir, "read_only": False}
@@ -224,8 +231,18 @@ def render_rank_spec(
         "sparkring.profile_sha256": profile.digest(),
     }
 
-    argv = ["docker", "run", "--detach", "--name", name, "--network", "host", "--ipc", "host"]
-    argv += ["--ulimit", "memlock=-1:-1", "--cap-add", "IPC_LOCK", "--restart", "no"]
+    argv = ["docker", "run", "--detach", "--name", name, "--network", "host"]
+    if runtime == "gb10":
+        # Registered RDMA arenas need locked memory. The sim has no RDMA (tcp fabric), and its VM
+        # withholds CAP_SYS_RESOURCE, so an unlimited memlock there fails at container start.
+        argv += ["--ipc", "host", "--ulimit", "memlock=-1:-1"]
+    else:
+        # The sim's four "nodes" share one kernel: with the host's IPC namespace vLLM finds every
+        # rank's shared memory, decides they share a node and waits on node-local sockets forever.
+        # /dev/shm is a ceiling, not a reservation: vLLM's tensor arena alone maps 2 GiB there, and
+        # touching a mapped page beyond a full tmpfs raises SIGBUS.
+        argv += ["--ipc", "private", "--shm-size", "8g"]
+    argv += ["--cap-add", "IPC_LOCK", "--restart", "no"]
     if node.gpu:
         argv += ["--gpus", "all"]
     if node.infiniband:
@@ -240,7 +257,8 @@ def render_rank_spec(
     for secret in SECRET_ENV_NAMES:
         argv += ["--env", secret]
     serve = vllm_argv(profile, rank, world_size, master_address, runtime)
-    argv += [image, *serve]
+    # The image's entrypoint attests the image, then execs `vllm` with the arguments after it.
+    argv += [image, *serve[1:]]
     return RankSpec(
         rank=rank,
         container_name=name,

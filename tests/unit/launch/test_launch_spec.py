@@ -64,7 +64,7 @@ def test_load_bearing_settings(dcp: int, sparkcache: int) -> None:
         assert _flag(argv, "--ulimit") == "memlock=-1:-1" and _flag(argv, "--cap-add") == "IPC_LOCK"
         assert _flag(argv, "--device") == "/dev/infiniband" and _flag(argv, "--gpus") == "all"
         assert "type=bind,source=/srv/models/GLM-5.3-Flash,target=/models/model,readonly" in argv
-        assert argv[argv.index(IMAGE) + 1 :] == serve
+        assert serve[0] == "vllm" and argv[argv.index(IMAGE) + 1 :] == serve[1:]
         assert ("--headless" in serve) == (spec["rank"] != 0)
         assert ("--port" in serve) == (spec["rank"] == 0)
         assert _flag(serve, "--tensor-parallel-size") == "4" and _flag(serve, "--nnodes") == "4"

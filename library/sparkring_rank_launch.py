@@ -1,0 +1,505 @@
+#!/usr/bin/python
+"""Attest, start, roll back and stop one rank's SparkRing container (DESIGN §3.5)."""
+
+# ruff: noqa: E402
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sparkring_rank_launch
+short_description: Attest, start, roll back or stop one rank's vLLM container
+description:
+  - Runs on one rank with the spec that C(sparkring_rank_spec) rendered on the controller (the exact
+    C(docker run) argv, env, mounts, labels). Nothing here re-renders or edits the argv.
+  - I(state=attested) writes the rank's attestation record (image ID, sha256 of the NCCL library and of
+    the transport, overlay and SparkCache packages as found INSIDE the image, mounts with a manifest
+    digest of read-only directories, environment with secrets redacted, full argv, profile hash) under
+    I(attest_dir) and returns it.
+  - I(state=started) first compares the records of all ranks (I(attestations)); any field that is not
+    rank-specific and differs fails the module naming the field and the ranks, before anything changes.
+    It then keeps the previous container (stopped, renamed C(<name>-previous)) and runs the new one.
+    A rank whose container already runs this exact argv is left alone unless I(force).
+  - I(state=rolledback) removes the new container and restarts C(<name>-previous) under its old name.
+  - I(state=stopped) stops the rank's container (bounded); I(state=absent) removes it and the previous one.
+version_added: "0.1.0"
+author: SparkRing
+options:
+  state:
+    description: What to do on this rank.
+    type: str
+    choices: [attested, started, rolledback, stopped, absent]
+    required: true
+  spec:
+    description:
+      - The rank's spec from the C(sparkring_rank_spec) filter (C(rank), C(container_name), C(image),
+        C(argv), C(env), C(mounts), C(labels), C(secret_env_names)). Required for I(state=attested) and
+        I(state=started); for the other states only C(container_name) is read.
+    type: dict
+    required: true
+  attestations:
+    description: Every rank's record from I(state=attested) (I(state=started) only).
+    type: list
+    elements: dict
+    default: []
+  expected_image_id:
+    description: When set, the local image ID of C(spec.image) must equal it (the image stage's identity).
+    type: str
+    default: ""
+  force:
+    description: Replace the container even when it already runs this argv (a four-process replacement).
+    type: bool
+    default: false
+  failed_container_id:
+    description:
+      - Set by a launch's rescue to the container it started on this rank (empty when it started none).
+        Then I(state=rolledback) acts only when that container holds the name; it is removed even
+        without a previous one to restore, and its last 300 log lines are kept in
+        I(state_dir)/<name>-failed.log. Unset (a plain rollback): the previous container replaces
+        whatever holds the name.
+    type: str
+  secrets:
+    description:
+      - Values for the names in C(spec.secret_env_names), handed to C(docker run) through its own
+        environment only (the argv carries the names). Never written, never returned.
+    type: dict
+    default: {}
+  attest_dir:
+    description: Where attestation records are written on the rank.
+    type: path
+    default: /var/lib/sparkring/attestations
+  state_dir:
+    description: Where the rank remembers which container it started with which argv.
+    type: path
+    default: /var/lib/sparkring/launch
+  nccl_path:
+    description: The NCCL library inside the image that the attestation hashes (absent in the sim image).
+    type: str
+    default: /opt/sparkring/nccl/lib/libnccl.so.2
+  packages:
+    description: Python packages inside the image whose installed trees the attestation hashes.
+    type: list
+    elements: str
+    default: [transport, overlay, sparkcache]
+  stop_timeout:
+    description: Seconds C(docker stop) gives vLLM to exit after SIGTERM before SIGKILL.
+    type: int
+    default: 30
+  docker_host:
+    description: C(DOCKER_HOST) of the rank's daemon; empty uses the default socket.
+    type: str
+    default: ""
+attributes:
+  check_mode:
+    support: full
+    description: Nothing is written, run, stopped or renamed; the in-image hashing is skipped.
+  diff_mode:
+    support: full
+    description: The argv the rank runs now (before) and the argv it would run (after), one token per line.
+requirements: [docker CLI on the rank, python3 inside the image]
+"""
+
+EXAMPLES = r"""
+- name: Attest this rank
+  sparkring_rank_launch:
+    state: attested
+    spec: "{{ launch_spec }}"
+  register: launch_attest
+
+- name: Start (refuses unless all ranks' records agree)
+  sparkring_rank_launch:
+    state: started
+    spec: "{{ launch_spec }}"
+    attestations: "{{ groups['sparkring'] | map('extract', hostvars, ['launch_attest', 'record']) | list }}"
+    secrets: {HF_TOKEN: "{{ lookup('ansible.builtin.env', 'HF_TOKEN') }}"}
+
+- name: Put the previous deployment back
+  sparkring_rank_launch:
+    state: rolledback
+    spec: {container_name: sparkring-rank0}
+"""
+
+RETURN = r"""
+record:
+  description: The attestation record (I(state=attested)); secrets appear as names or C(<redacted>) only.
+  returned: state=attested and not check mode
+  type: dict
+record_path:
+  description: Where the record was written.
+  returned: state=attested and not check mode
+  type: str
+record_sha256:
+  description: sha256 of the canonical record.
+  returned: state=attested and not check mode
+  type: str
+up_to_date:
+  description: The rank's container already runs this exact argv (a launch would change nothing here).
+  returned: state=attested
+  type: bool
+container_id:
+  description: The container now holding C(spec.container_name) (empty when none).
+  returned: always
+  type: str
+previous_container_id:
+  description: The container kept as C(<name>-previous) (empty when none).
+  returned: state=started
+  type: str
+restored:
+  description: Whether a previous container was put back and started.
+  returned: state=rolledback
+  type: bool
+"""
+
+import json
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sparkring_attest import (
+    IMAGE_PROBE,
+    SCHEMA,
+    digest,
+    disagreements,
+    redact_argv,
+    redact_env,
+)
+
+MANIFEST_HASH_LIMIT = 64 * 1024 * 1024
+SHOWN_PROBLEMS = 12
+
+
+class RankLauncher:
+    """One rank's container lifecycle; every docker call goes through `docker()`."""
+
+    def __init__(self, module: AnsibleModule) -> None:
+        self.module = module
+        self.params = module.params
+        self.spec = module.params["spec"]
+        self.name = self.spec.get("container_name") or module.fail_json(
+            msg="spec.container_name: missing (pass the output of the sparkring_rank_spec filter)"
+        )
+        self.previous = f"{self.name}-previous"
+        self.binary = module.get_bin_path("docker", required=True)
+        self.env = {"LANG": "C", "LC_ALL": "C"}
+        if module.params["docker_host"]:
+            self.env["DOCKER_HOST"] = module.params["docker_host"]
+        self.state_path = os.path.join(module.params["state_dir"], f"{self.name}.json")
+
+    # -- docker ---------------------------------------------------------------------------------
+    def docker(self, *args: str, check: bool = True, env: dict | None = None) -> tuple[int, str, str]:
+        rc, out, err = self.module.run_command(
+            [self.binary, *args], environ_update={**self.env, **(env or {})}
+        )
+        if check and rc != 0:
+            self.module.fail_json(
+                msg=f"rank {self.spec.get('rank')}: docker {args[0]} {self.name}: {err.strip() or out.strip()}",
+                rc=rc,
+            )
+        return rc, out, err
+
+    def inspect(self, name: str) -> dict | None:
+        rc, out, _err = self.docker("container", "inspect", name, check=False)
+        return json.loads(out)[0] if rc == 0 else None
+
+    def running(self, container: dict | None) -> bool:
+        return bool(container and container["State"]["Running"])
+
+    # -- files ----------------------------------------------------------------------------------
+    def write_json(self, path: str, value: dict) -> bool:
+        """Atomic write; False when the file already holds exactly this content."""
+        data = json.dumps(value, indent=1, sort_keys=True) + "\n"
+        try:
+            with open(path, encoding="utf-8") as handle:
+                if handle.read() == data:
+                    return False
+        except OSError:
+            pass
+        os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o640)
+        self.module.atomic_move(tmp, path)
+        return True
+
+    def launch_state(self) -> dict:
+        try:
+            with open(self.state_path, encoding="utf-8") as handle:
+                return json.load(handle)
+        except (OSError, ValueError):
+            return {}
+
+    def up_to_date(self) -> bool:
+        """The container under our name is the one we started, running, with this exact argv."""
+        state, current = self.launch_state(), self.inspect(self.name)
+        return bool(
+            current
+            and self.running(current)
+            and state.get("container_id") == current["Id"]
+            and state.get("argv_sha256") == digest(self.spec.get("argv"))
+        )
+
+    def diff(self) -> dict:
+        before = self.launch_state().get("argv") if self.inspect(self.name) else None
+        return {
+            "before_header": f"{self.name} (running now)",
+            "after_header": f"{self.name} (rank {self.spec.get('rank')}, this launch)",
+            "before": "\n".join(redact_argv(before)) + "\n" if before else "",
+            "after": "\n".join(redact_argv(self.spec["argv"])) + "\n",
+        }
+
+    # -- attestation ----------------------------------------------------------------------------
+    def image_identity(self) -> dict:
+        rc, out, err = self.docker("image", "inspect", self.spec["image"], check=False)
+        if rc != 0:
+            self.module.fail_json(
+                msg=f"image: {self.spec['image']} is not present on rank {self.spec['rank']} "
+                f"({err.strip()}); run the image stage (playbooks/image.yml) first"
+            )
+        image = json.loads(out)[0]
+        expected = self.params["expected_image_id"]
+        if expected and image["Id"] != expected:
+            self.module.fail_json(
+                msg=f"image: {self.spec['image']} on rank {self.spec['rank']} is {image['Id']}, the image "
+                f"stage recorded {expected}; re-run the fan-out (playbooks/image.yml)"
+            )
+        return {"reference": self.spec["image"], "id": image["Id"]}
+
+    def image_files(self) -> dict:
+        """Hash the NCCL library and the packages inside the image, in a throwaway container."""
+        args = ["run", "--rm", "--network", "none", "--entrypoint", "python3", self.spec["image"]]
+        args += ["-c", IMAGE_PROBE, self.params["nccl_path"], *self.params["packages"]]
+        rc, out, err = self.docker(*args, check=False)
+        if rc != 0:
+            self.module.fail_json(
+                msg=f"image_files: hashing inside {self.spec['image']} failed on rank {self.spec['rank']}: "
+                f"{err.strip()[-2000:]}"
+            )
+        probe = json.loads(out.strip().splitlines()[-1])
+        probe.pop("python")
+        return probe
+
+    def mount_manifest(self, source: str) -> str | None:
+        """Digest of a read-only directory: names, sizes and (for files up to 64 MiB) contents.
+        Cheap on multi-GB checkpoints, and a different model copy on one rank still shows."""
+        if not os.path.isdir(source):
+            return None
+        lines = []
+        for folder, dirs, files in os.walk(source):
+            dirs.sort()
+            for name in sorted(files):
+                path = os.path.join(folder, name)
+                size = os.path.getsize(path)
+                content = self.module.sha256(path) if size <= MANIFEST_HASH_LIMIT else "size-only"
+                lines.append(f"{os.path.relpath(path, source)}\0{size}\0{content}")
+        return digest(lines)
+
+    def mounts(self) -> list[dict]:
+        described = []
+        for mount in self.spec["mounts"]:
+            if not os.path.exists(mount["source"]):
+                if mount["read_only"]:
+                    self.module.fail_json(
+                        msg=f"mounts: {mount['source']} (for {mount['target']}) does not exist on rank "
+                        f"{self.spec['rank']}; put the model there first"
+                    )
+                continue  # a writable cache directory is created by docker on first start
+            manifest = self.mount_manifest(mount["source"]) if mount["read_only"] else None
+            described.append({**mount, "manifest_sha256": manifest})
+        return described
+
+    def attest(self) -> dict:
+        result: dict = {"changed": False, "up_to_date": self.up_to_date()}
+        if self.module.check_mode:
+            return result
+        spec = self.spec
+        record = {
+            "schema": SCHEMA,
+            "rank": spec["rank"],
+            "container_name": self.name,
+            "image": self.image_identity(),
+            "image_files": self.image_files(),
+            "mounts": self.mounts(),
+            "env": redact_env(spec["env"]),
+            "labels": spec["labels"],
+            "secret_env_names": sorted(spec["secret_env_names"]),
+            "argv": redact_argv(spec["argv"]),
+            "profile_sha256": spec["labels"].get("sparkring.profile_sha256"),
+        }
+        record_sha = digest(record)
+        path = os.path.join(self.params["attest_dir"], f"{self.name}-{record_sha[:16]}.json")
+        result["changed"] = self.write_json(path, record)
+        latest = os.path.join(self.params["attest_dir"], f"{self.name}-latest.json")
+        self.write_json(latest, record)
+        result.update(record=record, record_path=path, record_sha256=record_sha)
+        return result
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> dict:
+        # Check mode attests nothing (no in-image hashing), so there is nothing to compare yet.
+        planning = self.module.check_mode and not self.params["attestations"]
+        problems = [] if planning else disagreements(self.params["attestations"])
+        if problems:
+            shown = problems[:SHOWN_PROBLEMS]
+            if len(problems) > SHOWN_PROBLEMS:
+                shown.append(f"... and {len(problems) - SHOWN_PROBLEMS} more")
+            self.module.fail_json(
+                msg="attestation: the ranks disagree, no rank starts:\n" + "\n".join(shown), problems=problems
+            )
+        own = [r for r in self.params["attestations"] if r["rank"] == self.spec["rank"]]
+        if not self.module.check_mode and (len(own) != 1 or own[0]["argv"] != redact_argv(self.spec["argv"])):
+            self.module.fail_json(
+                msg=f"attestation: rank {self.spec['rank']} has no record for this exact argv; "
+                "attest (state=attested) with the same spec first"
+            )
+        unknown = sorted(set(self.params["secrets"]) - set(self.spec["secret_env_names"]))
+        if unknown:
+            self.module.fail_json(msg=f"secrets: {unknown} are not in spec.secret_env_names; refusing")
+        result: dict = {"changed": False, "diff": self.diff()}
+        if self.up_to_date() and not self.params["force"]:
+            result["container_id"] = self.inspect(self.name)["Id"]
+            return result
+        result["changed"] = True
+        if self.module.check_mode:
+            return result
+        previous = self.inspect(self.previous)
+        if previous:
+            self.docker("rm", "--force", self.previous)
+        current = self.inspect(self.name)
+        if current:
+            self.docker("stop", "--time", str(self.params["stop_timeout"]), self.name)
+            self.docker("rename", self.name, self.previous)
+        secret_env = {key: value for key, value in self.params["secrets"].items() if value}
+        rc, out, err = self.docker(*self.spec["argv"][1:], env=secret_env, check=False)
+        if rc != 0:
+            # Nothing new runs here: put the previous container back before failing.
+            self.docker("rm", "--force", self.name, check=False)
+            if current:
+                self.docker("rename", self.previous, self.name)
+                self.docker("start", self.name)
+            self.module.fail_json(
+                msg=f"rank {self.spec['rank']}: docker run {self.name} failed ({err.strip()[-1500:]}); "
+                + ("the previous container runs again" if current else "nothing was started"),
+                rc=rc,
+            )
+        container_id = out.strip().splitlines()[-1]
+        old = self.launch_state()
+        self.write_json(
+            self.state_path,
+            {
+                "container_id": container_id,
+                "argv_sha256": digest(self.spec["argv"]),
+                "argv": redact_argv(self.spec["argv"]),
+                "previous": {
+                    "container_id": current["Id"],
+                    **{k: old.get(k) for k in ("argv_sha256", "argv")},
+                }
+                if current
+                else None,
+            },
+        )
+        result.update(container_id=container_id, previous_container_id=current["Id"] if current else "")
+        return result
+
+    def rollback(self) -> dict:
+        result: dict = {"changed": False, "restored": False}
+        previous, current = self.inspect(self.previous), self.inspect(self.name)
+        failed = self.params["failed_container_id"]
+        # A launch's rescue acts only on the container it started; a plain rollback only when
+        # there is a previous deployment to go back to. Otherwise whatever runs here stays.
+        ours = failed is not None and bool(current) and current["Id"] == failed
+        if not (ours or (failed is None and previous)):
+            result["container_id"] = current["Id"] if current else ""
+            return result
+        remove = bool(current)
+        result["changed"] = True
+        if self.module.check_mode:
+            return result
+        if remove:
+            # Keep the failed container's last words for the post-mortem before it goes.
+            _rc, out, err = self.docker("logs", "--tail", "300", self.name, check=False)
+            os.makedirs(self.params["state_dir"], mode=0o750, exist_ok=True)
+            with open(os.path.join(self.params["state_dir"], f"{self.name}-failed.log"), "w") as handle:
+                handle.write(out + err)
+            self.docker("rm", "--force", self.name)
+        if previous:
+            self.docker("rename", self.previous, self.name)
+            self.docker("start", self.name)
+            state = self.launch_state().get("previous") or {}
+            self.write_json(self.state_path, {**state, "container_id": previous["Id"], "previous": None})
+            result["restored"] = True
+        result["container_id"] = previous["Id"] if previous else ""
+        return result
+
+    def stop(self) -> dict:
+        current = self.inspect(self.name)
+        if not self.running(current):
+            return {"changed": False, "container_id": current["Id"] if current else ""}
+        if not self.module.check_mode:
+            self.docker("stop", "--time", str(self.params["stop_timeout"]), self.name)
+        return {"changed": True, "container_id": current["Id"]}
+
+    def remove(self) -> dict:
+        present = [name for name in (self.name, self.previous) if self.inspect(name)]
+        if present and not self.module.check_mode:
+            for name in present:
+                self.docker("rm", "--force", name)
+            if os.path.exists(self.state_path):
+                os.unlink(self.state_path)
+        return {"changed": bool(present), "container_id": ""}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "state": {
+                "type": "str",
+                "required": True,
+                "choices": ["attested", "started", "rolledback", "stopped", "absent"],
+            },
+            "spec": {"type": "dict", "required": True},
+            "attestations": {"type": "list", "elements": "dict", "default": []},
+            "expected_image_id": {"type": "str", "default": ""},
+            "force": {"type": "bool", "default": False},
+            "failed_container_id": {"type": "str"},
+            "secrets": {"type": "dict", "default": {}, "no_log": True},
+            "attest_dir": {"type": "path", "default": "/var/lib/sparkring/attestations"},
+            "state_dir": {"type": "path", "default": "/var/lib/sparkring/launch"},
+            "nccl_path": {"type": "str", "default": "/opt/sparkring/nccl/lib/libnccl.so.2"},
+            "packages": {
+                "type": "list",
+                "elements": "str",
+                "default": ["transport", "overlay", "sparkcache"],
+            },
+            "stop_timeout": {"type": "int", "default": 30},
+            "docker_host": {"type": "str", "default": ""},
+        },
+        supports_check_mode=True,
+    )
+    state = module.params["state"]
+    if state in ("attested", "started"):
+        missing = [
+            key
+            for key in ("rank", "image", "argv", "env", "mounts", "labels", "secret_env_names")
+            if key not in module.params["spec"]
+        ]
+        if missing:
+            module.fail_json(
+                msg=f"spec: missing {missing}; pass the output of the sparkring_rank_spec filter"
+            )
+    launcher = RankLauncher(module)
+    action = {
+        "attested": launcher.attest,
+        "started": launcher.start,
+        "rolledback": launcher.rollback,
+        "stopped": launcher.stop,
+        "absent": launcher.remove,
+    }[state]
+    result = action()
+    if not module._diff:
+        result.pop("diff", None)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

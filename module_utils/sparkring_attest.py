@@ -1,0 +1,178 @@
+"""Attestation records for the per-rank launch (DESIGN §3.5): build, redact, compare.
+
+Standard library only: this file travels to every rank with the module. The record is the one
+description of what a rank is about to run; `comparable` is the one definition of which parts of
+it are rank-specific (everything else must agree across ranks, or no rank starts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+SCHEMA = 1
+REDACTED = "<redacted>"
+RANK_MASK = "<rank-specific>"
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
+
+# Environment derived from the rank's own inventory entry (its address, its NICs, its core).
+RANK_ENV = frozenset(
+    {
+        "VLLM_HOST_IP",
+        "SPARKRING_RANK",
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "NCCL_IB_HCA",
+        "NCCL_IB_GID_INDEX",
+    }
+)
+RANK_LABELS = frozenset({"sparkring.rank"})
+# argv flags whose value is the rank's own (masked), and the API binding only rank 0 has (dropped).
+RANK_VALUE_FLAGS = frozenset({"--name", "--node-rank"})
+HEAD_ONLY_FLAGS = frozenset({"--host", "--port"})
+WORKER_ONLY_FLAGS = frozenset({"--headless"})
+
+# Runs INSIDE the image (`docker run --rm --network none --entrypoint python3 IMAGE -c ...`), so
+# the hashes are of the bytes the container will load, not of the host's copies.
+# argv: the NCCL library path, then the package names. Prints one JSON object.
+IMAGE_PROBE = r"""
+import hashlib, importlib.util, json, os, sys
+
+def sha_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+def sha_tree(top):
+    names = []
+    for folder, dirs, files in os.walk(top):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        names += [os.path.join(folder, f) for f in files if not f.endswith(".pyc")]
+    digest = hashlib.sha256()
+    for name in sorted(os.path.relpath(n, top) for n in names):
+        digest.update(("%s\0%s\n" % (name, sha_file(os.path.join(top, name)))).encode())
+    return digest.hexdigest()
+
+out = {"python": sys.executable, "nccl": {"path": sys.argv[1], "sha256": None}, "packages": {}}
+if os.path.isfile(sys.argv[1]):
+    out["nccl"]["sha256"] = sha_file(sys.argv[1])
+for name in sys.argv[2:]:
+    spec = importlib.util.find_spec(name)
+    places = list(spec.submodule_search_locations or []) if spec else []
+    out["packages"][name] = {"path": places[0], "sha256": sha_tree(places[0])} if places else {"path": None, "sha256": None}
+image_json = "/opt/sparkring/image.json"
+out["image_json_sha256"] = sha_file(image_json) if os.path.isfile(image_json) else None
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+def is_secret_name(name: str) -> bool:
+    """Names that carry credentials by convention (HF_TOKEN, VLLM_API_KEY, ...)."""
+    upper = name.upper()
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment as it may be written down: secret-named values replaced."""
+    return {key: (REDACTED if is_secret_name(key) else value) for key, value in sorted(env.items())}
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """`--env NAME=value` with a secret NAME keeps the name only (the renderer never emits one;
+    this is the guard should a hand-written extra flag try)."""
+    redacted = []
+    for token in argv:
+        name, sep, _value = token.partition("=")
+        redacted.append(f"{name}={REDACTED}" if sep and is_secret_name(name) and name.isupper() else token)
+    return redacted
+
+
+def digest(value: object) -> str:
+    """sha256 of canonical JSON: the identity of a record or of one of its parts."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    """The argv with rank-specific values masked and role-only flags removed."""
+    masked: list[str] = []
+    skip_value = False
+    for index, token in enumerate(argv):
+        previous = argv[index - 1] if index else ""
+        if skip_value:
+            skip_value = False
+            continue
+        if token in HEAD_ONLY_FLAGS:
+            skip_value = True
+            continue
+        if token in WORKER_ONLY_FLAGS:
+            continue
+        if previous in RANK_VALUE_FLAGS:
+            masked.append(RANK_MASK)
+            continue
+        name, sep, _value = token.partition("=")
+        rank_env = previous in ("--env", "-e") and name in RANK_ENV
+        rank_label = previous in ("--label", "-l") and name in RANK_LABELS
+        if sep and (rank_env or rank_label):
+            masked.append(f"{name}={RANK_MASK}")
+        else:
+            masked.append(token)
+    return masked
+
+
+def comparable(record: dict) -> dict:
+    """The parts of a record that must be identical on every rank."""
+    return {
+        "schema": record["schema"],
+        "image": record["image"],
+        "image_files": record["image_files"],
+        "profile_sha256": record["profile_sha256"],
+        "mounts": record["mounts"],
+        "env": {key: value for key, value in record["env"].items() if key not in RANK_ENV},
+        "labels": {key: value for key, value in record["labels"].items() if key not in RANK_LABELS},
+        "secret_env_names": record["secret_env_names"],
+        "argv": mask_argv(record["argv"]),
+    }
+
+
+def _flatten(value: object, prefix: str = "") -> dict[str, object]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists by index, so a field names its exact place."""
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = ((f"[{index}]", item) for index, item in enumerate(value))
+    else:
+        return {prefix: value}
+    flat: dict[str, object] = {}
+    for key, item in items:
+        joined = f"{prefix}{key}" if str(key).startswith("[") else (f"{prefix}.{key}" if prefix else str(key))
+        flat.update(_flatten(item, joined))
+    return flat
+
+
+def disagreements(records: list[dict]) -> list[str]:
+    """One line per field on which the ranks do not agree: the field, each value and its ranks.
+
+    Empty means every rank is about to run the same thing (up to rank-specific values)."""
+    if not records:
+        return ["no attestation records: every rank must attest before any starts"]
+    ranks = sorted(record["rank"] for record in records)
+    problems = []
+    if len(set(ranks)) != len(ranks):
+        problems.append(f"rank: duplicate attestation records for ranks {ranks}")
+    flat = {record["rank"]: _flatten(comparable(record)) for record in records}
+    fields = sorted({field for values in flat.values() for field in values})
+    for field in fields:
+        groups: dict[str, list[int]] = {}
+        for rank in ranks:
+            shown = json.dumps(flat[rank].get(field, "<absent>"), sort_keys=True)
+            groups.setdefault(shown, []).append(rank)
+        if len(groups) > 1:
+            parts = "; ".join(
+                f"ranks {','.join(map(str, members))}: {value}"
+                for value, members in sorted(groups.items(), key=lambda item: (-len(item[1]), item[1]))
+            )
+            problems.append(f"{field} differs across ranks ({parts})")
+    return problems
