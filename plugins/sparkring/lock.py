@@ -79,7 +79,8 @@ class NcclPatch(Strict):
 
 class NcclRelease(Strict):
     source_url: Annotated[str, StringConstraints(pattern=r"^https://\S+$")]
-    source_sha256: Sha256
+    # null: the archive has not been measured yet; the NCCL build refuses such a release.
+    source_sha256: Sha256 | None
     source_dir: Name
     patches: list[NcclPatch]
 
@@ -95,6 +96,11 @@ class Nccl(Strict):
         if self.default_version not in self.releases:
             raise ValueError(
                 f"nccl.default_version {self.default_version!r} is not among releases {sorted(self.releases)}"
+            )
+        if self.releases[self.default_version].source_sha256 is None:
+            raise ValueError(
+                f"nccl.default_version {self.default_version!r} has no source_sha256: "
+                "the default release must be pinned by content"
             )
         return self
 

@@ -42,6 +42,15 @@ def test_lock_accepts_the_nccl_section():
     assert parsed.nccl.releases["2.30.7-1"].patches[0].sha256 == HEX
 
 
+def test_a_release_not_yet_measured_is_listed_but_cannot_be_the_default():
+    section = nccl_section()
+    section["releases"]["2.29.7-1"] = section["releases"]["2.30.7-1"] | {"source_sha256": HEX}
+    section["releases"]["2.30.7-1"]["source_sha256"] = None
+    section["default_version"] = "2.29.7-1"
+    parsed = lock.Lock.model_validate(lock_data() | {"nccl": section})
+    assert parsed.nccl.releases["2.30.7-1"].source_sha256 is None
+
+
 @pytest.mark.parametrize(
     ("mutate", "field"),
     [
@@ -49,6 +58,7 @@ def test_lock_accepts_the_nccl_section():
         (lambda n: n["releases"]["2.30.7-1"].update(source_sha256="abc"), "source_sha256"),
         (lambda n: n["releases"]["2.30.7-1"]["patches"][0].update(extra=1), "extra"),
         (lambda n: n["releases"]["2.30.7-1"].update(source_url="http://insecure"), "source_url"),
+        (lambda n: n["releases"]["2.30.7-1"].update(source_sha256=None), "default_version"),
     ],
 )
 def test_nccl_section_errors_name_the_field(mutate, field):
