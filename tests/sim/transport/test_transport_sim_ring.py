@@ -11,11 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [
-    pytest.mark.sim,
-    pytest.mark.skipif(os.geteuid() != 0, reason="entering the sim ring's namespaces needs root"),
-    pytest.mark.skipif(not Path("/run/netns/sr-r0").exists(), reason="the sim ring is not up (make sim-up)"),
-]
+pytestmark = pytest.mark.sim
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -26,7 +22,7 @@ def _port_args(hostvars: dict) -> list[str]:
     return args
 
 
-def test_probe_and_burns_on_the_sim_ring() -> None:
+def test_probe_and_burns_on_the_sim_ring(sim_ring) -> None:
     from sparkring.cluster import load_cluster_file
     from sparkring.hostvars import cluster_hostvars
 
