@@ -13,36 +13,24 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "plugins"))
+
+from sparkring.cluster import load_cluster_file  # noqa: E402
+from sparkring.hostvars import cluster_hostvars  # noqa: E402
+
 AGENT = ROOT / "module_utils" / "sparkring_fanout.py"
 PYTHON = "/usr/bin/python3"
 
 
 def inventory_hostvars() -> dict[str, dict]:
-    done = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "ansible-inventory"), "--list"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin"},
-    )
-    hostvars = _plain(json.loads(done.stdout)["_meta"]["hostvars"])
+    """The sim inventory's hostvars (the plugin's own code path), plus each rank's namespace."""
+    hostvars = cluster_hostvars(load_cluster_file(ROOT / "inventories" / "sim" / "cluster.yml"))
     return {host: {**values, "netns": f"sr-{host}"} for host, values in hostvars.items()}
-
-
-def _plain(value):
-    """ansible-inventory marks strings {"__ansible_unsafe": ...}; the harness wants plain values."""
-    if isinstance(value, dict):
-        if set(value) == {"__ansible_unsafe"}:
-            return value["__ansible_unsafe"]
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value
 
 
 def ring_links(hostvars: dict, host: str) -> list[dict]:

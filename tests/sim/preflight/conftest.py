@@ -3,32 +3,21 @@ up): the inventory's hostvars and a runner for the preflight playbook."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from sparkring.cluster import load_cluster_file
+from sparkring.hostvars import cluster_hostvars
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")
 def hostvars(sim_ring: Callable[..., subprocess.CompletedProcess[str]]) -> dict[str, dict]:
-    """Every rank's hostvars, as the cluster inventory plugin yields them."""
-    done = sim_ring(["ansible-inventory", "--list"])
-    assert done.returncode == 0, done.stderr
-    return _plain(json.loads(done.stdout)["_meta"]["hostvars"])
-
-
-def _plain(value: Any) -> Any:
-    """Drop ansible-inventory's {"__ansible_unsafe": ...} wrappers: tests compare plain values."""
-    if isinstance(value, dict):
-        if set(value) == {"__ansible_unsafe"}:
-            return value["__ansible_unsafe"]
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value
+    """Every rank's hostvars, as the cluster inventory plugin yields them (same code path)."""
+    return cluster_hostvars(load_cluster_file(ROOT / "inventories" / "sim" / "cluster.yml"))
 
 
 @pytest.fixture
