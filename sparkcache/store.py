@@ -105,6 +105,7 @@ class SparkCacheStore:
         self._refs: dict[str, set[str]] = {}
         self._snapshots: dict[str, Snapshot] = {}
         self._seen_mtime = -1
+        self._last_stamp_ns = 0
         self._owner_fd: int | None = None
         if writer:
             self._open_writer()
@@ -175,7 +176,8 @@ class SparkCacheStore:
         with self._lock:
             for key, rec in records.items():
                 self._pages.setdefault(key, rec)
-        return Snapshot(body["snapshot"], pages, int(body["tokens"]), stat.st_mtime, len(raw))
+            self._last_stamp_ns = max(self._last_stamp_ns, stat.st_mtime_ns)
+        return Snapshot(body["snapshot"], pages, int(body["tokens"]), stat.st_mtime_ns / 1e9, len(raw))
 
     def discover(self) -> None:
         """(Re)build the index from the manifests; a writer also removes crash leftovers."""
@@ -275,15 +277,28 @@ class SparkCacheStore:
             finally:
                 os.close(fd)
 
+    def _use_stamp(self) -> int:
+        """A strictly increasing wall-clock stamp in ns for the LRU order.
+
+        File mtimes set by the kernel's coarse clock can lag `time.time()`, so a manifest
+        published just after a touch could sort before it; every use is stamped from here.
+        """
+        with self._lock:
+            self._last_stamp_ns = max(time.time_ns(), self._last_stamp_ns + 1_000)
+            return self._last_stamp_ns
+
+    def _mark_used(self, snap_key: str, stamp_ns: int) -> None:
+        self._snapshots[snap_key].last_used = stamp_ns / 1e9
+        if self.writer:
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(self._snapshot_dir() / f"{snap_key}.json", ns=(stamp_ns, stamp_ns))
+
     def touch(self, key: str) -> None:
         """Mark every snapshot holding `key` as just used (LRU order survives restarts)."""
-        now = time.time()
         with self._lock:
+            stamp = self._use_stamp()
             for snap_key in self._refs.get(key, ()):
-                self._snapshots[snap_key].last_used = now
-                if self.writer:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.utime(self._snapshot_dir() / f"{snap_key}.json", (now, now))
+                self._mark_used(snap_key, stamp)
 
     def quarantine(self, key: str) -> None:
         """Remove a bad page and every snapshot that lists it, so it is never matched again."""
@@ -417,5 +432,6 @@ class SparkCacheStore:
             for key, rec in records.items():
                 self._pages[key] = rec
             self._add(Snapshot(snap_key, list(keys), tokens, time.time(), len(raw)))
+            self._mark_used(snap_key, self._use_stamp())
             self._seen_mtime = self._snapshot_dir().stat().st_mtime_ns
         return PublishResult("published", bytes_written=need, evicted=evicted)
