@@ -38,6 +38,24 @@ class SrError(ctypes.Structure):
     _fields_ = [("code", ctypes.c_int), ("peer_rank", ctypes.c_int), ("message", ctypes.c_char * 240)]
 
 
+class SrLane(ctypes.Structure):
+    """Mirror of sr_lane in csrc/sr_wire.h: one send and one receive of a transfer."""
+
+    _fields_ = [
+        ("to", ctypes.c_void_p),
+        ("sbuf", ctypes.c_void_p),
+        ("slen", ctypes.c_size_t),
+        ("frm", ctypes.c_void_p),
+        ("rbuf", ctypes.c_void_p),
+        ("rlen", ctypes.c_size_t),
+    ]
+
+
+MAX_LANES = 4  # SR_MAX_LANES
+LANES_ARGTYPES = [ctypes.POINTER(SrLane), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                  ctypes.POINTER(SrError)]  # fmt: skip
+
+
 def cache_root() -> Path:
     """Where built objects live (see the module docstring)."""
     explicit = os.environ.get("SPARKRING_TRANSPORT_CACHE")
@@ -125,4 +143,6 @@ def engine() -> ctypes.CDLL:
         ctypes.POINTER(SrError),
     ]
     lib.sr_transfer.restype = ctypes.c_int
+    lib.sr_transfer_lanes.argtypes = LANES_ARGTYPES
+    lib.sr_transfer_lanes.restype = ctypes.c_int
     return lib

@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 
 from transport import schedule
-from transport._native import SrError
+from transport._native import SrError, SrLane
 from transport.buffers import HostBuffer, as_host_buffer
 from transport.errors import NATIVE_ERRORS, TransportError
 from transport.rendezvous import rendezvous
 from transport.topology import RingSpec
 
 COPY, ADD = 0, 1  # enum sr_op
+Lane = tuple[int | None, np.ndarray | None, int | None, np.ndarray | None]  # to, send, frm, recv
 DEFAULT_TCP_PORT = 18600
 
 
@@ -105,20 +106,23 @@ class Communicator:
         ``op`` ADD adds the incoming elements (dtype ``code``) into ``recv``. Either side may
         be None. The collectives are sequences of these; the probe uses it directly.
         """
+        self.transfer_lanes(collective, deadline, [(to, send, frm, recv)], op, code)
+
+    def transfer_lanes(self, collective: str, deadline: float, lanes: list[Lane], op: int, code: int) -> None:
+        """Several (to, send, frm, recv) transfers in one engine call, all progressing at once.
+
+        Lanes that share a neighbour use it in lane order, and both ends must list them in
+        the same order (a two-rank ring's halves both go over its one cable).
+        """
+        arr = (SrLane * len(lanes))()
+        for slot, (to, send, frm, recv) in zip(arr, lanes, strict=True):
+            if to is not None and send is not None:
+                slot.to, slot.sbuf, slot.slen = self.links[to].handle.value, send.ctypes.data, send.nbytes
+            if frm is not None and recv is not None:
+                slot.frm, slot.rbuf, slot.rlen = self.links[frm].handle.value, recv.ctypes.data, recv.nbytes
         err = SrError()
         left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-        rc = self.fabric.transfer(
-            self.links[to].handle if to is not None else None,
-            send.ctypes.data if send is not None else None,
-            send.nbytes if send is not None else 0,
-            self.links[frm].handle if frm is not None else None,
-            recv.ctypes.data if recv is not None else None,
-            recv.nbytes if recv is not None else 0,
-            op,
-            code,
-            left_ms,
-            ctypes.byref(err),
-        )
+        rc = self.fabric.transfer_lanes(arr, len(lanes), op, code, left_ms, ctypes.byref(err))
         if rc != 0:
             self._fail(collective, err)
 
@@ -168,13 +172,24 @@ class Communicator:
                 np.copyto(send, work)
                 self.transfer("all_reduce", deadline, peer, send, peer, work, ADD, buf.code)
         else:
-            bounds = schedule.chunk_bounds(work.size, self.world)
-            right, left = self.spec.right, self.spec.left
-            for step in schedule.ring_steps(self.rank, self.world):
-                (slo, shi), (rlo, rhi) = bounds[step.send], bounds[step.recv]
-                op = ADD if step.add else COPY
-                self.transfer("all_reduce", deadline, right, work[slo:shi], left, work[rlo:rhi], op, buf.code)
+            self._ring_all_reduce(deadline, work, buf.code)
         return out if out is not None else buf.wrap(work.reshape(buf.array.shape))
+
+    def _ring_all_reduce(self, deadline: float, work: np.ndarray, code: int) -> None:
+        """Both half-rings at once: each step is one engine call with a lane per direction."""
+        rings = []
+        for d, (base, end) in zip(schedule.RING_DIRECTIONS, schedule.ring_halves(work.size), strict=True):
+            half = work[base:end]
+            to, frm = (self.rank + d) % self.world, (self.rank - d) % self.world
+            bounds = schedule.chunk_bounds(half.size, self.world)
+            rings.append((to, frm, half, bounds, schedule.ring_steps(self.rank, self.world, d)))
+        for i in range(2 * (self.world - 1)):
+            lanes: list[Lane] = []
+            for to, frm, half, bounds, steps in rings:
+                (slo, shi), (rlo, rhi) = bounds[steps[i].send], bounds[steps[i].recv]
+                lanes.append((to, half[slo:shi], frm, half[rlo:rhi]))
+            op = ADD if steps[i].add else COPY  # both directions reduce-scatter, then all-gather, in step
+            self.transfer_lanes("all_reduce", deadline, lanes, op, code)
 
     def _scratch(self, nbytes: int) -> np.ndarray:
         """A reused byte buffer of at least ``nbytes`` (fresh pages cost a fault each)."""

@@ -28,7 +28,7 @@ class TcpFabric:
     def __init__(self, slot_bytes: int, window: int) -> None:
         self.slot_bytes, self.window = slot_bytes, window
         self.lib = engine()
-        self.transfer = self.lib.sr_transfer
+        self.transfer_lanes = self.lib.sr_transfer_lanes
 
     def record(self, spec: RingSpec, port: Port, direction: str) -> EndpointRecord:
         return EndpointRecord(

@@ -17,6 +17,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from transport import verbs
+from transport._native import LANES_ARGTYPES
 from transport.errors import RendezvousError, TransportError
 from transport.rendezvous import Edge, EndpointRecord
 from transport.topology import Port, RingSpec
@@ -53,9 +54,9 @@ class VerbsFabric:
         self.slot_bytes, self.window = slot_bytes, window
         self.max_send = 2 * window + 4
         self.ib, self.lib = verbs.libs()
-        self.transfer = self.lib.sr_vtransfer
-        self.lib.sr_vtransfer.argtypes = self._tcp_like_argtypes()
-        self.lib.sr_vtransfer.restype = ctypes.c_int
+        self.transfer_lanes = self.lib.sr_vtransfer_lanes
+        self.lib.sr_vtransfer_lanes.argtypes = LANES_ARGTYPES
+        self.lib.sr_vtransfer_lanes.restype = ctypes.c_int
         verbs.list_devices()  # NoRdmaError up front on a node without RDMA
         self.pending: dict[int, VerbsLink] = {}
         try:
@@ -65,13 +66,6 @@ class VerbsFabric:
             for link in self.pending.values():
                 self.close(link)
             raise
-
-    @staticmethod
-    def _tcp_like_argtypes() -> list:
-        from transport._native import SrError
-
-        vp, sz, ci = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
-        return [vp, vp, sz, vp, vp, sz, ci, ci, ci, ctypes.POINTER(SrError)]
 
     def _prepare(self, port: Port) -> VerbsLink:
         if not port.rdma_device:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from transport.buffers import BF16, F16, F32
-from transport.schedule import allreduce_algorithm, chunk_bounds
+from transport.schedule import RING_DIRECTIONS, allreduce_algorithm, chunk_bounds, ring_halves
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -45,9 +45,10 @@ def all_reduce(inputs: list[np.ndarray], code: int, algorithm: str = "auto") -> 
         return add(add(inputs[0], inputs[1], code), add(inputs[2], inputs[3], code), code)
     flat = [x.reshape(-1) for x in inputs]
     out = np.empty_like(flat[0])
-    for c, (lo, hi) in enumerate(chunk_bounds(flat[0].size, world)):
-        acc = flat[c][lo:hi]
-        for k in range(1, world):
-            acc = add(acc, flat[(c + k) % world][lo:hi], code)
-        out[lo:hi] = acc
+    for d, (base, end) in zip(RING_DIRECTIONS, ring_halves(flat[0].size), strict=True):
+        for c, (lo, hi) in enumerate(chunk_bounds(end - base, world)):
+            acc = flat[c][base + lo : base + hi]
+            for k in range(1, world):
+                acc = add(acc, flat[(c + d * k) % world][base + lo : base + hi], code)
+            out[base + lo : base + hi] = acc
     return out.reshape(inputs[0].shape)

@@ -6,18 +6,23 @@ reduction is defined in one place and every rank produces identical bytes:
 * two-matching (4 ranks): round 0 adds with rank^1 (cage 0), round 1 with the other
   neighbour (rank^3 on four ranks, cage 1); result (a0+a1)+(a2+a3) on every rank.
 * exchange (2 ranks): one exchange-and-add; a0+a1 on both.
-* ring (any even N): reduce-scatter then all-gather of N chunks; chunk c accumulates
-  ((a_c + a_{c+1}) + a_{c+2}) + ... and ends on rank c-1, which forwards it unchanged.
+* ring (any even N): the buffer is split in two halves that run as two rings at once, the
+  first clockwise (send right, receive left), the second counter-clockwise, so every cable
+  carries data both ways. Each is a reduce-scatter then all-gather of N chunks; in the ring
+  of direction d (+1 clockwise, -1 counter-clockwise) chunk c accumulates
+  ((a_c + a_{c+d}) + a_{c+2d}) + ... and ends on rank c-d, which forwards it unchanged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Above this many bytes a 4-rank all-reduce uses the ring: it moves 1.5x the payload per
-# link instead of the matchings' 2x, but takes 6 dependent steps instead of 2, so it only
-# wins once 0.5 x size / bandwidth exceeds 4 step latencies (~16 MiB at 200 Gb/s, 50 us).
-RING_THRESHOLD_BYTES = 16 << 20
+# Above this many bytes a 4-rank all-reduce uses the ring: using both directions of both
+# cables it moves 0.75x the payload per link direction where the matchings move 2x over one
+# cable at a time, but takes 6 dependent steps instead of 2, so it wins once
+# 1.25 x size / bandwidth exceeds 4 step latencies (~4 MiB at 200 Gb/s, 50 us).
+RING_THRESHOLD_BYTES = 4 << 20
+RING_DIRECTIONS = (1, -1)  # the first half of the buffer goes clockwise, the second back
 
 
 def matching_peers(rank: int, world: int) -> list[int]:
@@ -54,19 +59,27 @@ def chunk_bounds(count: int, world: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def ring_halves(count: int) -> list[tuple[int, int]]:
+    """Element ranges of the two half-rings (RING_DIRECTIONS order); the first gets the odd one."""
+    half = (count + 1) // 2
+    return [(0, half), (half, count)]
+
+
 @dataclass(frozen=True)
 class RingStep:
-    """One ring step: send chunk ``send`` right, receive chunk ``recv`` from the left."""
+    """One ring step: send chunk ``send`` to rank + direction, receive chunk ``recv`` from
+    rank - direction (direction 1: right and left)."""
 
     send: int
     recv: int
     add: bool
 
 
-def ring_steps(rank: int, world: int) -> list[RingStep]:
-    """Reduce-scatter steps (add) then all-gather steps (copy) for ``rank``."""
-    rs = [RingStep((rank - s) % world, (rank - s - 1) % world, True) for s in range(world - 1)]
-    ag = [RingStep((rank + 1 - s) % world, (rank - s) % world, False) for s in range(world - 1)]
+def ring_steps(rank: int, world: int, direction: int = 1) -> list[RingStep]:
+    """Reduce-scatter steps (add) then all-gather steps (copy) for ``rank`` in one direction."""
+    d = direction
+    rs = [RingStep((rank - d * s) % world, (rank - d * (s + 1)) % world, True) for s in range(world - 1)]
+    ag = [RingStep((rank + d * (1 - s)) % world, (rank - d * s) % world, False) for s in range(world - 1)]
     return rs + ag
 
 

@@ -1,10 +1,11 @@
 /* SparkRing ring transport: the native progress engine of the tcp fabric.
  *
  * A peer is one ring neighbour reached over two directed TCP connections: on tx we send
- * DATA frames and read ACKs, on rx we read DATA frames and write ACKs. sr_transfer() sends
- * one buffer to a peer while it receives (copy or add) another from a peer, frame by frame,
- * with a bounded window of unacknowledged frames and one deadline for the whole call. The
- * loop never returns to Python until the call is complete or has failed. */
+ * DATA frames and read ACKs, on rx we read DATA frames and write ACKs. sr_transfer_lanes()
+ * runs up to SR_MAX_LANES lanes at once, each sending one buffer to a peer while it receives
+ * (copy or add) another from a peer, frame by frame, with a bounded window of unacknowledged
+ * frames per peer and one deadline for the whole call. The loop never returns to Python until
+ * the call is complete or has failed. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -310,51 +311,110 @@ static int pump_recv(recvstate *r, sr_error *err) {
     return 0;
 }
 
-/* Send sbuf[slen] to `to` while receiving rbuf[rlen] from `from` (copy or add), within
- * timeout_ms. Either side may be absent (NULL). Returns 0 or -code with err filled. */
-int sr_transfer(sr_peer *to, const void *sbuf, size_t slen, sr_peer *from, void *rbuf, size_t rlen, int op,
-                int dtype, int timeout_ms, sr_error *err) {
-    if ((!to && slen) || (!from && rlen) || (op == SR_OP_ADD && dtype != SR_F32 && dtype != SR_F16 && dtype != SR_BF16))
+/* Earlier lanes that share a peer go first: its frames follow one sequence per direction. */
+static int send_waits(const sendstate *s, int i) {
+    for (int j = 0; j < i; j++)
+        if (s[j].peer == s[i].peer && !send_done(&s[j]))
+            return 1;
+    return 0;
+}
+
+static int recv_waits(const recvstate *r, int i) {
+    for (int j = 0; j < i; j++)
+        if (r[j].peer == r[i].peer && r[j].done < r[j].len)
+            return 1;
+    return 0;
+}
+
+static int acks_owed(const sr_peer *p) { return p && !p->rx_gone && p->ack_out_off < p->ack_out_len; }
+
+/* Add `events` for fd to the poll set, merging with an entry already there. */
+static void want_fd(struct pollfd *fds, int *nfds, int fd, short events) {
+    for (int k = 0; k < *nfds; k++)
+        if (fds[k].fd == fd) {
+            fds[k].events |= events;
+            return;
+        }
+    fds[(*nfds)++] = (struct pollfd){.fd = fd, .events = events};
+}
+
+/* Run n lanes at once (a ring step moving two halves in opposite directions is two), each
+ * sending to its `to` while receiving (copy or add) from its `from`, within timeout_ms.
+ * Returns 0 or -code with err filled. */
+int sr_transfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeout_ms, sr_error *err) {
+    if (n < 1 || n > SR_MAX_LANES || (op == SR_OP_ADD && dtype != SR_F32 && dtype != SR_F16 && dtype != SR_BF16))
         return fail(err, SR_EARG, -1, "invalid transfer arguments");
-    sendstate s = {.peer = to, .buf = sbuf, .len = to ? slen : 0};
-    recvstate r = {.peer = from, .buf = rbuf, .len = from ? rlen : 0, .op = op, .dtype = dtype};
+    sendstate s[SR_MAX_LANES];
+    recvstate r[SR_MAX_LANES];
+    for (int i = 0; i < n; i++) {
+        const sr_lane *l = &lanes[i];
+        if ((!l->to && l->slen) || (!l->from && l->rlen))
+            return fail(err, SR_EARG, -1, "invalid transfer arguments");
+        s[i] = (sendstate){.peer = l->to, .buf = l->sbuf, .len = l->to ? l->slen : 0};
+        r[i] = (recvstate){.peer = l->from, .buf = l->rbuf, .len = l->from ? l->rlen : 0, .op = op, .dtype = dtype};
+    }
     int64_t deadline = now_ms() + timeout_ms;
     for (;;) {
-        int rc;
-        if (to && !send_done(&s) && (rc = pump_acks(to, err))) /* acks of finished sends wait */
-            return rc;
-        if (to && (rc = pump_send(&s, err)))
-            return rc;
-        if (from && (rc = pump_recv(&r, err)))
-            return rc;
-        if (from && (rc = pump_ack_out(from, err)))
-            return rc;
-        int acks_owed = from && !from->rx_gone && from->ack_out_off < from->ack_out_len;
-        if (send_done(&s) && r.done == r.len && !acks_owed)
+        int rc, finished = 1;
+        for (int i = 0; i < n; i++) {
+            if (!s[i].peer || send_done(&s[i]) || send_waits(s, i))
+                continue;
+            /* Acks of finished sends wait for the next call (or the close). */
+            if ((rc = pump_acks(s[i].peer, err)) || (rc = pump_send(&s[i], err)))
+                return rc;
+        }
+        for (int i = 0; i < n; i++) {
+            if (r[i].done < r[i].len && !recv_waits(r, i) && (rc = pump_recv(&r[i], err)))
+                return rc;
+            if (r[i].peer && (rc = pump_ack_out(r[i].peer, err)))
+                return rc;
+        }
+        for (int i = 0; i < n; i++)
+            if (!send_done(&s[i]) || r[i].done < r[i].len || acks_owed(r[i].peer))
+                finished = 0;
+        if (finished)
             return 0;
         int64_t left = deadline - now_ms();
         if (left <= 0) {
-            if (r.done < r.len)
-                return fail(err, SR_ETIMEOUT, from->peer_rank, "timed out after %d ms waiting for data from rank %d (%zu of %zu bytes)",
-                            timeout_ms, from->peer_rank, r.done, r.len);
-            sr_peer *p = send_done(&s) ? from : to;
-            return fail(err, SR_ETIMEOUT, p->peer_rank, "timed out after %d ms %s rank %d", timeout_ms,
-                        p == to ? "sending to (window full, no ack from)" : "acking", p->peer_rank);
+            for (int i = 0; i < n; i++)
+                if (r[i].done < r[i].len)
+                    return fail(err, SR_ETIMEOUT, r[i].peer->peer_rank,
+                                "timed out after %d ms waiting for data from rank %d (%zu of %zu bytes)", timeout_ms,
+                                r[i].peer->peer_rank, r[i].done, r[i].len);
+            for (int i = 0; i < n; i++)
+                if (!send_done(&s[i]))
+                    return fail(err, SR_ETIMEOUT, s[i].peer->peer_rank,
+                                "timed out after %d ms sending to (window full, no ack from) rank %d", timeout_ms,
+                                s[i].peer->peer_rank);
+            int i = 0;
+            while (!acks_owed(r[i].peer))
+                i++;
+            return fail(err, SR_ETIMEOUT, r[i].peer->peer_rank, "timed out after %d ms acking rank %d", timeout_ms,
+                        r[i].peer->peer_rank);
         }
-        struct pollfd fds[2];
+        struct pollfd fds[2 * SR_MAX_LANES];
         int nfds = 0;
-        if (to && !send_done(&s)) {
-            short ev = POLLIN; /* acks open the window */
-            if (s.frame_off < s.frame_len || to->tx_seq - to->tx_acked < to->window)
-                ev |= POLLOUT;
-            fds[nfds++] = (struct pollfd){.fd = to->tx_fd, .events = ev};
+        for (int i = 0; i < n; i++) {
+            sr_peer *to = s[i].peer, *from = r[i].peer;
+            if (to && !send_done(&s[i])) {
+                short ev = POLLIN; /* acks open the window */
+                if (!send_waits(s, i) && (s[i].frame_off < s[i].frame_len || to->tx_seq - to->tx_acked < to->window))
+                    ev |= POLLOUT;
+                want_fd(fds, &nfds, to->tx_fd, ev);
+            }
+            int reading = r[i].done < r[i].len && !recv_waits(r, i);
+            if (reading || acks_owed(from))
+                want_fd(fds, &nfds, from->rx_fd, (short)((reading ? POLLIN : 0) | (acks_owed(from) ? POLLOUT : 0)));
         }
-        if (from && (r.done < r.len || acks_owed)) {
-            short ev = (short)((r.done < r.len ? POLLIN : 0) | (acks_owed ? POLLOUT : 0));
-            fds[nfds++] = (struct pollfd){.fd = from->rx_fd, .events = ev};
-        }
-        int n = poll(fds, (nfds_t)nfds, (int)left);
-        if (n < 0 && errno != EINTR)
+        int got = poll(fds, (nfds_t)nfds, (int)left);
+        if (got < 0 && errno != EINTR)
             return fail(err, SR_EIO, -1, "poll: %s", strerror(errno));
     }
+}
+
+/* One lane: send sbuf[slen] to `to` while receiving rbuf[rlen] from `from`. */
+int sr_transfer(sr_peer *to, const void *sbuf, size_t slen, sr_peer *from, void *rbuf, size_t rlen, int op,
+                int dtype, int timeout_ms, sr_error *err) {
+    sr_lane lane = {.to = to, .sbuf = sbuf, .slen = slen, .from = from, .rbuf = rbuf, .rlen = rlen};
+    return sr_transfer_lanes(&lane, 1, op, dtype, timeout_ms, err);
 }

@@ -1,6 +1,6 @@
 /* SparkRing ring transport: the native progress engine of the verbs (RoCE) fabric.
  *
- * Same protocol and same sr_transfer contract as the tcp engine (sr_engine.c), over two RC
+ * Same protocol and same sr_transfer_lanes contract as the tcp engine (sr_engine.c), over two RC
  * queue pairs per neighbour, both set up from Python (transport/verbs.py):
  *   tx QP: we RDMA WRITE WITH IMMEDIATE each DATA frame (header + payload) into slot
  *          seq % window of the peer's registered rx arena (imm = seq); the peer's ACKs
@@ -213,24 +213,18 @@ static int consume_frame(sr_vpeer *p, unsigned char *rbuf, size_t len, size_t *d
     return 1;
 }
 
-/* Arm the CQ's event and sleep on the completion channels of `a` and `b` (either may be
- * NULL or equal) for at most ms; the caller polls the CQs again afterwards. */
-static int sleep_on_cqs(sr_vpeer *a, sr_vpeer *b, int ms, sr_error *err) {
-    sr_vpeer *peers[2] = {a, b == a ? NULL : b};
-    struct pollfd fds[2];
-    int n = 0;
-    for (int i = 0; i < 2; i++) {
-        if (!peers[i])
-            continue;
+/* Arm the CQ events and sleep on the completion channels of n distinct peers for at most
+ * ms; the caller polls the CQs again afterwards. */
+static int sleep_on_cqs(sr_vpeer *const *peers, int n, int ms, sr_error *err) {
+    struct pollfd fds[2 * SR_MAX_LANES];
+    for (int i = 0; i < n; i++) {
         if (ibv_req_notify_cq(peers[i]->cq, 0))
             return vfail(err, SR_EIO, peers[i]->peer_rank, "arming the CQ of rank %d failed", peers[i]->peer_rank);
-        fds[n++] = (struct pollfd){.fd = peers[i]->channel->fd, .events = POLLIN};
+        fds[i] = (struct pollfd){.fd = peers[i]->channel->fd, .events = POLLIN};
     }
     /* A completion that landed before the arm raised no event: look once more, and do not
      * sleep if it changed anything. */
-    for (int i = 0; i < 2; i++) {
-        if (!peers[i])
-            continue;
+    for (int i = 0; i < n; i++) {
         uint64_t before = peers[i]->completions;
         int rc = poll_peer(peers[i], err);
         if (rc)
@@ -240,10 +234,8 @@ static int sleep_on_cqs(sr_vpeer *a, sr_vpeer *b, int ms, sr_error *err) {
     }
     if (poll(fds, (nfds_t)n, ms) < 0)
         return vfail(err, SR_EIO, -1, "poll on completion channels failed");
-    for (int i = 0, k = 0; i < 2; i++) {
-        if (!peers[i])
-            continue;
-        if (fds[k++].revents & POLLIN) {
+    for (int i = 0; i < n; i++) {
+        if (fds[i].revents & POLLIN) {
             struct ibv_cq *ev_cq;
             void *ctx;
             if (ibv_get_cq_event(peers[i]->channel, &ev_cq, &ctx) == 0)
@@ -261,39 +253,69 @@ void sr_vpeer_free(sr_vpeer *p, int linger_ms) {
     int64_t deadline = vnow_us() + (int64_t)linger_ms * 1000;
     sr_error ignored;
     while ((p->tx_acked < p->tx_seq || p->sends_outstanding) && vnow_us() < deadline)
-        if (poll_peer(p, &ignored) || sleep_on_cqs(p, NULL, 10, &ignored))
+        if (poll_peer(p, &ignored) || sleep_on_cqs(&p, 1, 10, &ignored))
             break;
     free(p);
 }
 
-/* The tcp engine's sr_transfer contract, over RDMA. */
-int sr_vtransfer(sr_vpeer *to, const void *sbuf, size_t slen, sr_vpeer *from, void *rbuf, size_t rlen, int op,
-                 int dtype, int timeout_ms, sr_error *err) {
-    if ((!to && slen) || (!from && rlen) || (op == SR_OP_ADD && dtype != SR_F32 && dtype != SR_F16 && dtype != SR_BF16))
+/* Earlier lanes that share a peer go first: its frames follow one sequence per direction. */
+static int lane_waits(sr_vpeer *const *peer, const size_t *have, const size_t *len, int i) {
+    for (int j = 0; j < i; j++)
+        if (peer[j] == peer[i] && have[j] < len[j])
+            return 1;
+    return 0;
+}
+
+/* Add p to the set of n distinct peers (NULL is skipped). */
+static void add_peer(sr_vpeer **set, int *n, sr_vpeer *p) {
+    for (int k = 0; k < *n; k++)
+        if (set[k] == p)
+            return;
+    if (p)
+        set[(*n)++] = p;
+}
+
+/* The tcp engine's sr_transfer_lanes contract, over RDMA. */
+int sr_vtransfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeout_ms, sr_error *err) {
+    if (n < 1 || n > SR_MAX_LANES || (op == SR_OP_ADD && dtype != SR_F32 && dtype != SR_F16 && dtype != SR_BF16))
         return vfail(err, SR_EARG, -1, "invalid transfer arguments");
-    size_t framed = 0, done = 0;
-    slen = to ? slen : 0;
-    rlen = from ? rlen : 0;
+    sr_vpeer *to[SR_MAX_LANES], *from[SR_MAX_LANES], *peers[2 * SR_MAX_LANES];
+    size_t slen[SR_MAX_LANES], rlen[SR_MAX_LANES], framed[SR_MAX_LANES] = {0}, done[SR_MAX_LANES] = {0};
+    int npeers = 0;
+    for (int i = 0; i < n; i++) {
+        if ((!lanes[i].to && lanes[i].slen) || (!lanes[i].from && lanes[i].rlen))
+            return vfail(err, SR_EARG, -1, "invalid transfer arguments");
+        to[i] = lanes[i].to;
+        from[i] = lanes[i].from;
+        slen[i] = to[i] ? lanes[i].slen : 0;
+        rlen[i] = from[i] ? lanes[i].rlen : 0;
+        add_peer(peers, &npeers, to[i]);
+        add_peer(peers, &npeers, from[i]);
+    }
     int64_t now = vnow_us(), deadline = now + (int64_t)timeout_ms * 1000, spin_until = now + SPIN_US;
     for (;;) {
-        int rc = 0, progress = 0;
-        if (to && (rc = poll_peer(to, err)))
-            return rc;
-        if (from && from != to && (rc = poll_peer(from, err)))
-            return rc;
-        if (to) {
-            while ((rc = post_frame(to, sbuf, slen, &framed, err)) > 0)
-                progress = 1;
-            if (rc < 0)
+        int rc = 0, progress = 0, finished = 1;
+        for (int k = 0; k < npeers; k++)
+            if ((rc = poll_peer(peers[k], err)))
                 return rc;
+        for (int i = 0; i < n; i++) {
+            if (to[i] && !lane_waits(to, framed, slen, i)) {
+                while ((rc = post_frame(to[i], lanes[i].sbuf, slen[i], &framed[i], err)) > 0)
+                    progress = 1;
+                if (rc < 0)
+                    return rc;
+            }
+            if (from[i] && !lane_waits(from, done, rlen, i)) {
+                while ((rc = consume_frame(from[i], lanes[i].rbuf, rlen[i], &done[i], op, dtype, err)) > 0)
+                    progress = 1;
+                if (rc < 0)
+                    return rc;
+            }
         }
-        if (from) {
-            while ((rc = consume_frame(from, rbuf, rlen, &done, op, dtype, err)) > 0)
-                progress = 1;
-            if (rc < 0)
-                return rc;
-        }
-        if (framed == slen && done == rlen)
+        for (int i = 0; i < n; i++)
+            if (framed[i] < slen[i] || done[i] < rlen[i])
+                finished = 0;
+        if (finished)
             return 0;
         now = vnow_us();
         if (progress) {
@@ -301,15 +323,18 @@ int sr_vtransfer(sr_vpeer *to, const void *sbuf, size_t slen, sr_vpeer *from, vo
             continue;
         }
         if (now >= deadline) {
-            sr_vpeer *p = done < rlen ? from : to;
+            int i = 0;
+            while (done[i] == rlen[i] && framed[i] == slen[i])
+                i++;
+            int receiving = done[i] < rlen[i];
+            sr_vpeer *p = receiving ? from[i] : to[i];
             return vfail(err, SR_ETIMEOUT, p->peer_rank, "timed out after %d ms %s rank %d", timeout_ms,
-                         p == from && done < rlen ? "waiting for data from" : "sending to (window full, no ack from)",
-                         p->peer_rank);
+                         receiving ? "waiting for data from" : "sending to (window full, no ack from)", p->peer_rank);
         }
         if (now < spin_until)
             continue;
         int64_t left_ms = (deadline - now + 999) / 1000;
-        if ((rc = sleep_on_cqs(to, from, left_ms < SLEEP_SLICE_MS ? (int)left_ms : SLEEP_SLICE_MS, err)))
+        if ((rc = sleep_on_cqs(peers, npeers, left_ms < SLEEP_SLICE_MS ? (int)left_ms : SLEEP_SLICE_MS, err)))
             return rc;
     }
 }

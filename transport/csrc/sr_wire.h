@@ -50,6 +50,20 @@ typedef struct sr_error {
     char message[240];
 } sr_error;
 
+/* One lane of a transfer: send sbuf[slen] to `to` while receiving rbuf[rlen] from `from`
+ * (an engine's peer handle, sr_peer or sr_vpeer; either may be NULL). A call runs up to
+ * SR_MAX_LANES lanes at once; lanes that share a peer use it in lane order. */
+typedef struct sr_lane {
+    void *to;
+    const void *sbuf;
+    size_t slen;
+    void *from;
+    void *rbuf;
+    size_t rlen;
+} sr_lane;
+
+#define SR_MAX_LANES 4
+
 /* Four independent multiply-rotate lanes: fast enough to run on every byte at link rate,
  * and any change to one 8-byte word changes the result (a bijection per lane). */
 static inline uint64_t sr_mix(uint64_t h, uint64_t w) {

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from transport import wire
-from transport._native import SrError, engine
+from transport._native import MAX_LANES, SrError, SrLane, engine
 from transport.errors import RendezvousError
 from transport.rendezvous import RECORD_BYTES, EndpointRecord, check_record
 
@@ -84,6 +84,47 @@ def test_send_frames_sequence_and_checksums(peer: EnginePeer) -> None:
     rc, err, _ = peer.transfer(send=data[:64])
     assert rc == 0, err.message
     assert read_frame(peer.tx_far)[0][6] == 4
+
+
+def _lanes(handle, sends: list[bytes], recv_lens: list[int], op: int = 0, timeout_ms: int = 2000):
+    """sr_transfer_lanes with lane i sending sends[i] to and receiving recv_lens[i] from ``handle``."""
+    arr = (SrLane * len(sends))()
+    sbufs = [ctypes.create_string_buffer(send, max(1, len(send))) for send in sends]
+    rbufs = [(ctypes.c_char * max(1, n))() for n in recv_lens]
+    for lane, sbuf, send, rbuf, n in zip(arr, sbufs, sends, rbufs, recv_lens, strict=True):
+        lane.to, lane.sbuf, lane.slen = handle, ctypes.addressof(sbuf), len(send)
+        lane.frm, lane.rbuf, lane.rlen = handle, ctypes.addressof(rbuf), n
+    err = SrError()
+    rc = engine().sr_transfer_lanes(arr, len(sends), op, 0, timeout_ms, ctypes.byref(err))
+    return rc, err, [bytes(rbuf)[:n] for rbuf, n in zip(rbufs, recv_lens, strict=True)]
+
+
+def test_lanes_sharing_a_peer_use_it_in_lane_order(peer: EnginePeer) -> None:
+    # A two-rank ring moves both halves over its one cable: lane 0's frames go (and are
+    # expected) first, lane 1's follow in the same sequence, in both directions.
+    incoming = bytes(range(64, 256))
+    for seq, lo in enumerate(range(0, 192, 64)):
+        peer.rx_far.sendall(wire.frame(wire.KIND_DATA, 0, 1, seq, incoming[lo : lo + 64]))
+    rc, err, got = _lanes(peer.handle, [b"a" * 128, b"b" * 128], [64, 128])
+    assert rc == 0, err.message
+    assert got == [incoming[:64], incoming[64:]]
+    frames = [read_frame(peer.tx_far) for _ in range(4)]
+    assert [(f[0][6], f[1]) for f in frames] == [
+        (0, b"a" * 64),
+        (1, b"a" * 64),
+        (2, b"b" * 64),
+        (3, b"b" * 64),
+    ]
+    acks = [read_frame(peer.rx_far)[0][6] for _ in range(3)]
+    assert acks == [1, 2, 3]
+
+
+@pytest.mark.parametrize("count", [0, MAX_LANES + 1])
+def test_lane_count_is_bounded(peer: EnginePeer, count: int) -> None:
+    arr = (SrLane * max(count, 1))()
+    err = SrError()
+    rc = engine().sr_transfer_lanes(arr, count, 0, 0, 100, ctypes.byref(err))
+    assert -rc == 7 and b"invalid transfer arguments" in err.message
 
 
 def test_ack_out_of_sequence_is_refused(peer: EnginePeer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from transport import schedule
@@ -31,17 +32,20 @@ def test_matchings_are_symmetric_neighbour_pairings(world: int) -> None:
             assert (peer - rank) % world in (1, world - 1)
 
 
+@pytest.mark.parametrize("direction", schedule.RING_DIRECTIONS)
 @pytest.mark.parametrize("world", [2, 4, 6, 8])
-def test_ring_steps_deliver_every_contribution_once(world: int) -> None:
+def test_ring_steps_deliver_every_contribution_once(world: int, direction: int) -> None:
     # Symbolic run: each chunk holds the set of ranks summed into it, per rank.
     held = [[{r} for _ in range(world)] for r in range(world)]
     for step_no in range(2 * (world - 1)):
-        steps = [schedule.ring_steps(r, world)[step_no] for r in range(world)]
+        steps = [schedule.ring_steps(r, world, direction)[step_no] for r in range(world)]
         sent = [set(held[r][steps[r].send]) for r in range(world)]
         for r in range(world):
-            left = (r - 1) % world
-            assert steps[left].send == steps[r].recv, "a rank must receive the chunk its left neighbour sends"
-            incoming = sent[left]
+            src = (r - direction) % world
+            assert steps[src].send == steps[r].recv, (
+                "a rank must receive the chunk its upstream neighbour sends"
+            )
+            incoming = sent[src]
             if steps[r].add:
                 assert not held[r][steps[r].recv] & incoming, "a contribution was added twice"
                 held[r][steps[r].recv] |= incoming
@@ -72,6 +76,8 @@ def test_chunk_bounds_cover_in_order() -> None:
 def test_algorithm_choice() -> None:
     assert schedule.allreduce_algorithm(2, 1 << 30) == "exchange"
     assert schedule.allreduce_algorithm(4, 16384) == "matching"
+    assert schedule.allreduce_algorithm(4, schedule.RING_THRESHOLD_BYTES) == "matching"
+    assert schedule.allreduce_algorithm(4, schedule.RING_THRESHOLD_BYTES + 4) == "ring"
     assert schedule.allreduce_algorithm(4, 64 << 20) == "ring"
     assert schedule.allreduce_algorithm(6, 16) == "ring"
     with pytest.raises(ValueError, match="does not fit a ring of 6"):
@@ -127,3 +133,27 @@ def test_matching_peers_agree_with_the_inventory_geometry(world: int) -> None:
 
     for rank in range(world):
         assert schedule.matching_peers(rank, world) == [r.peer for r in matching_rounds(rank, world)]
+
+
+def test_ring_halves_split_in_two_with_the_odd_element_first() -> None:
+    assert schedule.ring_halves(7) == [(0, 4), (4, 7)]
+    assert schedule.ring_halves(1) == [(0, 1), (1, 1)]
+    assert schedule.ring_halves(0) == [(0, 0), (0, 0)]
+
+
+def test_the_ring_reference_accumulates_each_half_in_its_direction() -> None:
+    # Strings make the order of every add visible: chunk c of the clockwise half is
+    # ((a_c + a_c+1) + ...), of the counter-clockwise half ((a_c + a_c-1) + ...).
+    from transport import reference
+
+    world, count = 4, 11  # halves of 6 and 5 elements: chunks of unequal length
+    inputs = [np.array([str(r)] * count, dtype=object) for r in range(world)]
+    got = reference.all_reduce(inputs, 0, "ring")
+    halves = [
+        schedule.chunk_bounds(6, world),
+        [(lo + 6, hi + 6) for lo, hi in schedule.chunk_bounds(5, world)],
+    ]
+    for d, bounds in zip(schedule.RING_DIRECTIONS, halves, strict=True):
+        for c, (lo, hi) in enumerate(bounds):
+            want = "".join(str((c + d * k) % world) for k in range(world))
+            assert list(got[lo:hi]) == [want] * (hi - lo)
