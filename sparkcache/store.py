@@ -10,7 +10,8 @@ A snapshot becomes visible only when its manifest appears, and the manifest is w
 after every page it lists is synced and linked: a crash at any instant leaves whole, verified
 snapshots plus orphans that the next writer removes. The index is rebuilt from manifests
 alone (page bytes are read only to restore them). Every restored page is checked against
-its manifest's sha256; a bad page is removed with every snapshot that lists it.
+its manifest's sha256; a bad page is removed with every snapshot that lists it. Restore
+reads and hashes a few pages at once: one core's sha256 is slower than the disk.
 """
 
 import contextlib
@@ -23,7 +24,9 @@ import os
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +35,11 @@ from sparkcache.identity import CacheIdentity
 from sparkcache.pages import Page, PageError, decode_page, encode_page, page_sha256
 
 log = logging.getLogger(__name__)
+
+READ_WORKERS = min(4, os.cpu_count() or 1)
+"""Pages read and verified at once: sha256 runs ~1.7 GB/s on one core, an NVMe several times that."""
+READ_AHEAD_BYTES = 256 << 20
+"""Bytes of pages read ahead of the consumer at most (each is held until it is yielded)."""
 
 
 class IdentityMismatch(Exception):
@@ -86,6 +94,19 @@ class PublishResult:
 def manifest_checksum(body: dict[str, object]) -> str:
     """sha256 of a manifest's canonical JSON without its own checksum field."""
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _read_exact(path: Path, nbytes: int) -> bytearray:
+    """The file's bytes, read straight into one buffer; PageError unless it holds exactly `nbytes`."""
+    data = bytearray(nbytes)
+    view = memoryview(data)
+    got = 0
+    with path.open("rb", buffering=0) as f:
+        while got < nbytes and (n := f.readinto(view[got:])):
+            got += n
+        if got != nbytes or f.read(1):
+            raise PageError(f"page {path.stem[:16]}: size differs from its manifest record")
+    return data
 
 
 class SparkCacheStore:
@@ -248,10 +269,7 @@ class SparkCacheStore:
         if record is None:
             raise PageError(f"page {key[:16]} is not published")
         try:
-            data = bytearray(record.nbytes)
-            with self._page_path(key).open("rb", buffering=0) as f:
-                if f.readinto(data) != record.nbytes or f.read(1):
-                    raise PageError(f"page {key[:16]}: size differs from its manifest record")
+            data = _read_exact(self._page_path(key), record.nbytes)
             return decode_page(data, key=key, identity=self.digest, sha256=record.sha256)
         except (OSError, PageError) as exc:
             if self.writer:
@@ -259,15 +277,35 @@ class SparkCacheStore:
             raise PageError(str(exc)) from exc
 
     def read_pages(self, keys: list[str]) -> Iterator[Page | PageError]:
-        """Verified pages in order (a failure is yielded, not raised). The kernel is asked to
-        read the next page ahead while this one is hashed: no Python threads, no GIL games."""
-        for i, key in enumerate(keys):
-            if i + 1 < len(keys):
-                self._advise_willneed(keys[i + 1])
-            try:
-                yield self.read_page(key)
-            except PageError as exc:
-                yield exc
+        """Verified pages in order (a failure is yielded, not raised).
+
+        Up to READ_WORKERS threads each read and hash a page (readinto and hashlib release
+        the GIL) while the kernel reads the pages queued behind them (WILLNEED), within
+        READ_AHEAD_BYTES. A page is yielded only after its own sha256 matched. Closing the
+        generator early cancels what has not started and waits for what has.
+        """
+        with self._lock:
+            sizes = [self._pages[k].nbytes if k in self._pages else 0 for k in keys]
+        pool = ThreadPoolExecutor(READ_WORKERS, thread_name_prefix="sparkcache-read")
+        queued: deque[Future[Page]] = deque()
+        ahead = 0  # bytes queued, being read, or read and not yet yielded
+        try:
+            for i in range(len(keys)):
+                nxt = i + len(queued)
+                while nxt < len(keys) and (not queued or ahead + sizes[nxt] <= READ_AHEAD_BYTES):
+                    self._advise_willneed(keys[nxt])
+                    queued.append(pool.submit(self.read_page, keys[nxt]))
+                    ahead += sizes[nxt]
+                    nxt += 1
+                future = queued.popleft()
+                ahead -= sizes[i]
+                try:
+                    page: Page | PageError = future.result()
+                except PageError as exc:
+                    page = exc
+                yield page
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _advise_willneed(self, key: str) -> None:
         with contextlib.suppress(OSError):

@@ -4,11 +4,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from sparkcache import store as store_module
 from sparkcache.chunks import chunk_keys
 from sparkcache.identity import CacheIdentity
 from sparkcache.pages import LayerLayout, Page, PageError
@@ -77,6 +79,55 @@ def test_discovery_reads_metadata_only_and_restore_verifies(store: SparkCacheSto
     assert fresh.match(keys) == 0
     assert not victim.exists()
     assert fresh.snapshots() == []
+    fresh.close()
+
+
+def publish_distinct(store: SparkCacheStore, seed: int, chunks: int, nbytes: int = 4096) -> list[str]:
+    """A snapshot whose page i is filled with byte i: a page served out of order shows."""
+    keys = chunk_keys(prompt(seed, chunks))
+    pages = {k: page(store, k, nbytes, fill=i) for i, k in enumerate(keys)}
+    assert store.publish(keys, chunks * 256, pages).status == "published"
+    return keys
+
+
+@pytest.mark.parametrize("ahead_pages", [1, 3, 100])
+def test_read_pages_yields_every_page_in_order(
+    store: SparkCacheStore, monkeypatch: pytest.MonkeyPatch, ahead_pages: int
+) -> None:
+    monkeypatch.setattr(store_module, "READ_AHEAD_BYTES", ahead_pages * 4200)
+    keys = publish_distinct(store, 50, 9)
+    fresh = reopen(store)
+    got = list(fresh.read_pages(keys))
+    assert [p.key for p in got] == keys
+    assert [bytes(p.payload) for p in got] == [bytes([i]) * 4096 for i in range(9)]
+    fresh.close()
+
+
+def test_read_pages_never_serves_a_flipped_byte(store: SparkCacheStore) -> None:
+    keys = publish_distinct(store, 51, 6)
+    victim = store.dir / "pages" / keys[3][:2] / f"{keys[3]}.page"
+    data = bytearray(victim.read_bytes())
+    data[100] ^= 0x80
+    victim.write_bytes(bytes(data))
+    fresh = reopen(store)
+    got = list(fresh.read_pages(keys))
+    assert [bytes(p.payload[:1]) for p in got[:3]] == [b"\x00", b"\x01", b"\x02"]
+    assert isinstance(got[3], PageError) and "sha256" in str(got[3])
+    # A page after it is either refused (its snapshot is gone) or verified before the removal.
+    for i, p in enumerate(got[4:], start=4):
+        assert isinstance(p, PageError) or bytes(p.payload) == bytes([i]) * 4096
+    assert fresh.match(keys) == 0 and not victim.exists()
+    fresh.close()
+
+
+def test_read_pages_closed_early_leaves_no_reader_thread(store: SparkCacheStore) -> None:
+    keys = publish_distinct(store, 52, 12)
+    fresh = reopen(store)
+    pages = fresh.read_pages(keys)
+    first = next(pages)
+    pages.close()  # the connector stops at the first bad page
+    assert bytes(first.payload[:1]) == b"\x00"
+    assert not [t for t in threading.enumerate() if t.name.startswith("sparkcache-read")]
     fresh.close()
 
 
