@@ -40,7 +40,7 @@ $(STAMPS)/venv: requirements.txt pyproject.toml
 sim-up: deps
 	$(BIN)/ansible-playbook playbooks/sim.yml
 
-sim: sim-up
+sim: sim-up sim-model
 	$(BIN)/ansible-playbook site.yml
 
 sim-down: deps

@@ -214,6 +214,9 @@ def render_rank_spec(
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
         # The automatic OpenMP binding fails with several ranks on one host: bind each rank by hand.
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(rank % node.cpu_count)
+        # The sim image carries no C++ compiler; with TP > 1 vLLM still torch.compiles the
+        # vocab-parallel embedding mask (inductor needs g++), so the first request would kill it.
+        env["TORCH_COMPILE_DISABLE"] = "1"
 
     mounts: list[dict[str, Any]] = [
         {"source": profile.model_path, "target": CONTAINER_MODEL_DIR, "read_only": True},

