@@ -280,8 +280,11 @@ class RankLauncher:
         return probe
 
     def mount_manifest(self, source: str) -> str | None:
-        """Digest of a read-only directory: names, sizes and (for files up to 64 MiB) contents.
-        Cheap on multi-GB checkpoints, and a different model copy on one rank still shows."""
+        """Digest of a read-only mount: a file's sha256, or for a directory its names, sizes and
+        (for files up to 64 MiB) contents. Cheap on multi-GB checkpoints, and a different model
+        copy on one rank still shows."""
+        if os.path.isfile(source):
+            return self.module.sha256(source)
         if not os.path.isdir(source):
             return None
         lines = []
@@ -301,7 +304,8 @@ class RankLauncher:
                 if mount["read_only"]:
                     self.module.fail_json(
                         msg=f"mounts: {mount['source']} (for {mount['target']}) does not exist on rank "
-                        f"{self.spec['rank']}; put the model there first"
+                        f"{self.spec['rank']}; put it there first (the model copy, or the build stage's "
+                        "overlay role for the ring spec)"
                     )
                 continue  # a writable cache directory is created by docker on first start
             manifest = self.mount_manifest(mount["source"]) if mount["read_only"] else None

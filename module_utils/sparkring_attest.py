@@ -129,7 +129,10 @@ def comparable(record: dict) -> dict:
         "image": record["image"],
         "image_files": record["image_files"],
         "profile_sha256": record["profile_sha256"],
-        "mounts": record["mounts"],
+        "mounts": [
+            {**mount, "manifest_sha256": RANK_MASK} if mount.get("rank_specific") else mount
+            for mount in record["mounts"]
+        ],
         "env": {key: value for key, value in record["env"].items() if key not in RANK_ENV},
         "labels": {key: value for key, value in record["labels"].items() if key not in RANK_LABELS},
         "secret_env_names": record["secret_env_names"],

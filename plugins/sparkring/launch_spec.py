@@ -19,6 +19,11 @@ CONTAINER_DRAFT_DIR = "/models/draft"
 # The patched NCCL travels inside the GB10 image (images/Containerfile; images/build_context.py
 # NCCL_IN_IMAGE), so the attestation hashes the library the container really loads.
 CONTAINER_NCCL_LIB = "/opt/sparkring/nccl/lib/libnccl.so.2"
+# The overlay role writes this rank's ring here (roles/overlay overlay_ring_spec); the overlay in
+# the container reads it. Rank-specific by nature: attestation compares it per rank, not across.
+RING_SPEC_PATH = "/etc/sparkring/ring.json"
+# Where the overlay's flight recorder dumps survive the container.
+OVERLAY_RECORDER_DIR = "/var/lib/sparkring/overlay"
 SECRET_ENV_NAMES = ("HF_TOKEN", "VLLM_API_KEY")
 SPARKCACHE_CONNECTOR = "SparkCacheConnector"
 SPARKCACHE_MODULE = "sparkcache.connector"
@@ -208,6 +213,10 @@ def render_rank_spec(
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
     }
+    if profile.overlay_mode != "disabled":
+        env["SPARKRING_RING_SPEC"] = RING_SPEC_PATH
+        env["SPARKRING_TRANSPORT_FABRIC"] = rank_vars["sparkring_fabric"]
+        env["SPARKRING_OVERLAY_RECORDER_DIR"] = OVERLAY_RECORDER_DIR
     if profile.spec_adaptive:
         env["SPARKRING_SPEC_ADAPTIVE_WINDOW"] = str(profile.spec_adaptive_window)
     if runtime == "sim-cpu":
@@ -227,6 +236,11 @@ def render_rank_spec(
         mounts.append(
             {"source": profile.sparkcache_dir, "target": profile.sparkcache_dir, "read_only": False}
         )
+    if profile.overlay_mode != "disabled":
+        mounts += [
+            {"source": RING_SPEC_PATH, "target": RING_SPEC_PATH, "read_only": True, "rank_specific": True},
+            {"source": OVERLAY_RECORDER_DIR, "target": OVERLAY_RECORDER_DIR, "read_only": False},
+        ]
 
     labels = {
         "sparkring.cluster": rank_vars["sparkring_cluster_name"],

@@ -22,6 +22,11 @@ import sparkring_attest as attest  # noqa: E402
 IMAGE = "sparkring/runtime@sha256:" + "cd" * 32
 
 
+def mount_digest(mount: dict, rank: int) -> str:
+    """The ring spec's digest differs per rank (its own ports); everything else is one copy."""
+    return f"ring-of-rank-{rank}" if mount.get("rank_specific") else "bb"
+
+
 def records(dcp: int = 2) -> list[dict]:
     """What the module writes on each rank, built from the rendered specs (node values fixed)."""
     hostvars = cluster_hostvars(load_cluster_file(ROOT / "inventories/example/ring4/cluster.yml"))
@@ -38,7 +43,10 @@ def records(dcp: int = 2) -> list[dict]:
                 "container_name": spec.container_name,
                 "image": {"reference": IMAGE, "id": "sha256:" + "11" * 32},
                 "image_files": {"nccl": {"path": "/opt/sparkring/nccl/lib/libnccl.so.2", "sha256": "aa"}},
-                "mounts": [{**m, "manifest_sha256": "bb" if m["read_only"] else None} for m in spec.mounts],
+                "mounts": [
+                    {**m, "manifest_sha256": mount_digest(m, spec.rank) if m["read_only"] else None}
+                    for m in spec.mounts
+                ],
                 "env": attest.redact_env(spec.env),
                 "labels": spec.labels,
                 "secret_env_names": spec.secret_env_names,
@@ -52,6 +60,18 @@ def records(dcp: int = 2) -> list[dict]:
 @pytest.mark.parametrize("dcp", [1, 2, 4])
 def test_rendered_ranks_agree(dcp: int) -> None:
     assert attest.disagreements(records(dcp)) == []
+
+
+def test_ring_spec_is_compared_per_rank_but_a_model_copy_is_not() -> None:
+    ranks = records()
+    ring_mounts = [m for m in ranks[0]["mounts"] if m.get("rank_specific")]
+    assert [m["target"] for m in ring_mounts] == ["/etc/sparkring/ring.json"]
+    assert attest.disagreements(ranks) == []  # four different ring.json digests agree
+    model = next(m for m in ranks[3]["mounts"] if m["target"] == "/models/model")
+    model["manifest_sha256"] = "other-copy"
+    assert attest.disagreements(ranks) == [
+        'mounts[0].manifest_sha256 differs across ranks (ranks 0,1,2: "bb"; ranks 3: "other-copy")'
+    ]
 
 
 def test_masking_keeps_every_shared_token() -> None:
