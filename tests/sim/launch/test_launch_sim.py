@@ -11,84 +11,22 @@ module's teardown stops and removes every container it started (stop.yml), alway
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
+from launch_harness import (
+    HEAD_API,
+    RANKS,
+    ROOT,
+    SECRETS,
+    SIM_RANKS,
+    Launches,
+    complete,
+    container_ids,
+    docker,
+)
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[3]
-SIM_RANKS = Path("/var/lib/sparkring-sim/ranks")
-RANKS = ("r0", "r1", "r2", "r3")
-SECRETS = {"HF_TOKEN": "hf_sparkring_test_7f3a9c", "VLLM_API_KEY": "sk-sparkring-test-51d2e8"}
-HEAD_API = "http://198.19.254.10:8000"
-
-
-def docker(host: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The rank's own daemon, through its socket in the rank's private /run."""
-    socket = SIM_RANKS / host / "run" / "docker.sock"
-    return subprocess.run(
-        ["docker", "-H", f"unix://{socket}", *args], capture_output=True, text=True, timeout=120, check=False
-    )
-
-
-def container_ids() -> dict[str, str]:
-    return {
-        host: docker(
-            host, "container", "inspect", "--format", "{{.Id}}", f"sparkring-rank{host[1:]}"
-        ).stdout.strip()
-        for host in RANKS
-    }
-
-
-def complete(prompt: str = "The ring of four") -> dict:
-    """One completion through rank 0's API, from the controller namespace (as the README says)."""
-    body = json.dumps({"model": "sim-tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0})
-    done = subprocess.run(
-        [
-            "ip",
-            "netns",
-            "exec",
-            "sr-ctl",
-            "curl",
-            "-sS",
-            "--max-time",
-            "120",
-            f"{HEAD_API}/v1/completions",
-            "-H",
-            "Content-Type: application/json",
-            "-H",
-            f"Authorization: Bearer {SECRETS['VLLM_API_KEY']}",
-            "-d",
-            body,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-class Launches:
-    """Runs the project's playbooks with the secrets in their environment, keeping every output."""
-
-    def __init__(self, run) -> None:
-        self.run = run
-        self.outputs: list[str] = []
-
-    def playbook(self, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        os.environ.update(SECRETS)
-        try:
-            done = self.run(["ansible-playbook", "-v", f"playbooks/{name}", *extra], timeout=1500)
-        finally:
-            for key in SECRETS:
-                os.environ.pop(key, None)
-        self.outputs.append(done.stdout + done.stderr)
-        return done
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,140 @@
+"""What the sim launch tests share: the ranks' own Docker daemons, rank 0's API through the
+controller namespace, the project's playbooks run with the test secrets, and the overlay's
+flight recorders read off the ranks' private directories.
+
+Every call is bounded; nothing here starts or stops a deployment by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+SIM_RANKS = Path("/var/lib/sparkring-sim/ranks")
+RANKS = ("r0", "r1", "r2", "r3")
+SECRETS = {"HF_TOKEN": "hf_sparkring_test_7f3a9c", "VLLM_API_KEY": "sk-sparkring-test-51d2e8"}
+HEAD_API = "http://198.19.254.10:8000"
+SIM_PROFILE = ROOT / "inventories" / "sim" / "launch.env"
+
+
+def docker(host: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The rank's own daemon, through its socket in the rank's private /run."""
+    socket = SIM_RANKS / host / "run" / "docker.sock"
+    return subprocess.run(
+        ["docker", "-H", f"unix://{socket}", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def container_ids() -> dict[str, str]:
+    return {
+        host: docker(
+            host, "container", "inspect", "--format", "{{.Id}}", f"sparkring-rank{host[1:]}"
+        ).stdout.strip()
+        for host in RANKS
+    }
+
+
+def container_log(host: str) -> str:
+    logs = docker(host, "logs", f"sparkring-rank{host[1:]}")
+    return logs.stdout + logs.stderr
+
+
+def complete(prompt: str | list[int] = "The ring of four", max_tokens: int = 8) -> dict:
+    """One greedy completion through rank 0's API, from the controller namespace (as the README says)."""
+    body = json.dumps({"model": "sim-tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    done = subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            "sr-ctl",
+            "curl",
+            "-sS",
+            "--max-time",
+            "120",
+            f"{HEAD_API}/v1/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            f"Authorization: Bearer {SECRETS['VLLM_API_KEY']}",
+            "-d",
+            body,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def profile_variant(directory: Path, **overrides: str) -> Path:
+    """The sim launch profile with some keys changed (a user's edited launch.env)."""
+    lines = []
+    for line in SIM_PROFILE.read_text().splitlines():
+        key = line.partition("=")[0]
+        lines.append(f"{key}={overrides.pop(key)}" if key in overrides else line)
+    lines += [f"{key}={value}" for key, value in overrides.items()]
+    path = directory / "launch.env"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Launches:
+    """Runs the project's playbooks with the secrets in their environment, keeping every output."""
+
+    def __init__(self, run) -> None:
+        self.run = run
+        self.outputs: list[str] = []
+
+    def playbook(self, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        os.environ.update(SECRETS)
+        try:
+            done = self.run(["ansible-playbook", "-v", f"playbooks/{name}", *extra], timeout=1500)
+        finally:
+            for key in SECRETS:
+                os.environ.pop(key, None)
+        self.outputs.append(done.stdout + done.stderr)
+        return done
+
+
+def worker_pids() -> dict[str, int]:
+    """Each rank's vLLM worker (the process that runs the collectives) as a host PID.
+
+    `docker top` answers in host PIDs; the worker's title replaces its argv (and its environ),
+    so the rank comes from whose container it runs in."""
+    found: dict[str, int] = {}
+    for host in RANKS:
+        top = docker(host, "top", f"sparkring-rank{host[1:]}", "-eo", "pid,args").stdout.splitlines()
+        workers = [int(line.split()[0]) for line in top[1:] if "VLLM::Worker" in line]
+        if len(workers) == 1:
+            found[host] = workers[0]
+    return found
+
+
+def dump_flight_recorders(timeout_s: float = 60) -> dict[str, dict]:
+    """SIGUSR1 every rank's worker and read the dumps it writes into the rank's recorder mount."""
+    pids = worker_pids()
+    assert sorted(pids) == list(RANKS), f"vLLM workers found: {pids}"
+    sent = time.time()
+    for pid in pids.values():
+        os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        dumps = {}
+        for host in RANKS:
+            for path in (SIM_RANKS / host / "var-lib-sparkring" / "overlay").glob("overlay-flight-*.json"):
+                if path.stat().st_mtime >= sent - 1:
+                    dump = json.loads(path.read_text())
+                    if dump["reason"] == "signal":
+                        dumps[host] = dump
+        if len(dumps) == len(RANKS):
+            return dumps
+        time.sleep(0.5)
+    raise TimeoutError(f"the workers {pids} did not all dump their flight recorder in {timeout_s}s")
