@@ -1,7 +1,7 @@
 """Run a function as every rank of a real two-or-four-process group on loopback.
 
 Each rank is a spawned process with a gloo process group (the stock path vLLM's CPU
-communicator uses) and the overlay pointed at the inventory's cable geometry on
+communicator uses; the device lane asks for nccl, one GPU per rank) and the overlay pointed at the inventory's cable geometry on
 127.77.i.0/24, so the ring transport binds and dials exactly what it would on cables.
 """
 
@@ -21,12 +21,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn: Callable[..., Any], rank: int, world: int, env: dict[str, str], queue: Any) -> None:
+def _entry(
+    fn: Callable[..., Any], rank: int, world: int, env: dict[str, str], queue: Any, backend: str
+) -> None:
     try:
         os.environ.update(env)
+        import torch
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world)
         try:
             queue.put((rank, "ok", fn(rank, world)))
         finally:
@@ -35,13 +40,15 @@ def _entry(fn: Callable[..., Any], rank: int, world: int, env: dict[str, str], q
         queue.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
-def run_group(fn: Callable[[int, int], Any], world: int, timeout_s: float = 120, **env: str) -> list[Any]:
+def run_group(
+    fn: Callable[[int, int], Any], world: int, timeout_s: float = 120, backend: str = "gloo", **env: str
+) -> list[Any]:
     """fn(rank, world) on every rank; returns the values in rank order, or fails with a rank's error."""
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "SPARKRING_RING_PREFIX": "127.77",
            "SPARKRING_TRANSPORT_PORT": str(free_port()), **env}  # fmt: skip
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, env, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, env, queue, backend)) for r in range(world)]
     for p in procs:
         p.start()
     try:
