@@ -48,18 +48,6 @@ uint32_t sr_checksum(const void *data, size_t len) { return sr_checksum_bytes(da
 
 void sr_reduce(void *dst, const void *src, size_t bytes, int dtype) { sr_reduce_add(dst, src, bytes, dtype); }
 
-static int fail(sr_error *err, int code, int peer, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        err->code = code;
-        err->peer_rank = peer;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return -code;
-}
-
 static int64_t now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -142,18 +130,18 @@ typedef struct recvstate {
 
 static int io_fail(sr_error *err, sr_peer *p, const char *what, ssize_t n) {
     if (n == 0)
-        return fail(err, SR_ECLOSED, p->peer_rank, "rank %d closed the connection while we %s", p->peer_rank, what);
-    return fail(err, errno == ECONNRESET || errno == EPIPE ? SR_ECLOSED : SR_EIO, p->peer_rank,
+        return sr_fail(err, SR_ECLOSED, p->peer_rank, "rank %d closed the connection while we %s", p->peer_rank, what);
+    return sr_fail(err, errno == ECONNRESET || errno == EPIPE ? SR_ECLOSED : SR_EIO, p->peer_rank,
                 "%s rank %d: %s", what, p->peer_rank, strerror(errno));
 }
 
 static int check_header(const sr_header *h, sr_peer *p, uint8_t kind, sr_error *err) {
     if (h->magic != SR_FRAME_MAGIC)
-        return fail(err, SR_EPROTO, p->peer_rank, "bad frame magic 0x%08x from rank %d", h->magic, p->peer_rank);
+        return sr_fail(err, SR_EPROTO, p->peer_rank, "bad frame magic 0x%08x from rank %d", h->magic, p->peer_rank);
     if (sr_checksum_bytes(h, SR_HEADER_BYTES - 4) != h->header_sum)
-        return fail(err, SR_ECORRUPT, p->peer_rank, "corrupted frame header from rank %d", p->peer_rank);
+        return sr_fail(err, SR_ECORRUPT, p->peer_rank, "corrupted frame header from rank %d", p->peer_rank);
     if (h->version != SR_WIRE_VERSION || h->kind != kind || h->src_rank != p->peer_rank || h->dst_rank != p->my_rank)
-        return fail(err, SR_EPROTO, p->peer_rank,
+        return sr_fail(err, SR_EPROTO, p->peer_rank,
                     "unexpected frame from rank %d: version %u kind %u src %u dst %u (expected %d, %u, %d, %d)",
                     p->peer_rank, h->version, h->kind, h->src_rank, h->dst_rank, SR_WIRE_VERSION, kind,
                     p->peer_rank, p->my_rank);
@@ -178,7 +166,7 @@ static int pump_acks(sr_peer *p, sr_error *err) {
         if (rc)
             return rc;
         if (p->ack_in.seq <= p->tx_acked || p->ack_in.seq > p->tx_seq)
-            return fail(err, SR_ESEQ, p->peer_rank, "ack %llu from rank %d out of sequence (acked %llu, sent %llu)",
+            return sr_fail(err, SR_ESEQ, p->peer_rank, "ack %llu from rank %d out of sequence (acked %llu, sent %llu)",
                         (unsigned long long)p->ack_in.seq, p->peer_rank, (unsigned long long)p->tx_acked,
                         (unsigned long long)p->tx_seq);
         p->tx_acked = p->ack_in.seq;
@@ -274,11 +262,11 @@ static int pump_recv(recvstate *r, sr_error *err) {
             if (rc)
                 return rc;
             if (r->hdr.seq != p->rx_seq)
-                return fail(err, SR_ESEQ, p->peer_rank, "frame %llu from rank %d out of sequence (expected %llu)",
+                return sr_fail(err, SR_ESEQ, p->peer_rank, "frame %llu from rank %d out of sequence (expected %llu)",
                             (unsigned long long)r->hdr.seq, p->peer_rank, (unsigned long long)p->rx_seq);
             size_t want = r->len - r->done < p->slot_bytes ? r->len - r->done : p->slot_bytes;
             if (r->hdr.length != want)
-                return fail(err, SR_EPROTO, p->peer_rank, "frame %llu from rank %d has %u bytes, expected %zu",
+                return sr_fail(err, SR_EPROTO, p->peer_rank, "frame %llu from rank %d has %u bytes, expected %zu",
                             (unsigned long long)r->hdr.seq, p->peer_rank, r->hdr.length, want);
             r->payload_have = 0;
         }
@@ -295,7 +283,7 @@ static int pump_recv(recvstate *r, sr_error *err) {
             r->payload_have += (size_t)n;
         }
         if (sr_checksum_bytes(dst, r->hdr.length) != r->hdr.payload_sum)
-            return fail(err, SR_ECORRUPT, p->peer_rank, "corrupted payload in frame %llu from rank %d",
+            return sr_fail(err, SR_ECORRUPT, p->peer_rank, "corrupted payload in frame %llu from rank %d",
                         (unsigned long long)r->hdr.seq, p->peer_rank);
         if (r->op == SR_OP_ADD)
             sr_reduce_add(r->buf + r->done, dst, r->hdr.length, r->dtype);
@@ -343,13 +331,13 @@ static void want_fd(struct pollfd *fds, int *nfds, int fd, short events) {
  * Returns 0 or -code with err filled. */
 int sr_transfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeout_ms, sr_error *err) {
     if (n < 1 || n > SR_MAX_LANES || (op == SR_OP_ADD && dtype != SR_F32 && dtype != SR_F16 && dtype != SR_BF16))
-        return fail(err, SR_EARG, -1, "invalid transfer arguments");
+        return sr_fail(err, SR_EARG, -1, "invalid transfer arguments");
     sendstate s[SR_MAX_LANES];
     recvstate r[SR_MAX_LANES];
     for (int i = 0; i < n; i++) {
         const sr_lane *l = &lanes[i];
         if ((!l->to && l->slen) || (!l->from && l->rlen))
-            return fail(err, SR_EARG, -1, "invalid transfer arguments");
+            return sr_fail(err, SR_EARG, -1, "invalid transfer arguments");
         s[i] = (sendstate){.peer = l->to, .buf = l->sbuf, .len = l->to ? l->slen : 0};
         r[i] = (recvstate){.peer = l->from, .buf = l->rbuf, .len = l->from ? l->rlen : 0, .op = op, .dtype = dtype};
     }
@@ -378,18 +366,18 @@ int sr_transfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeou
         if (left <= 0) {
             for (int i = 0; i < n; i++)
                 if (r[i].done < r[i].len)
-                    return fail(err, SR_ETIMEOUT, r[i].peer->peer_rank,
+                    return sr_fail(err, SR_ETIMEOUT, r[i].peer->peer_rank,
                                 "timed out after %d ms waiting for data from rank %d (%zu of %zu bytes)", timeout_ms,
                                 r[i].peer->peer_rank, r[i].done, r[i].len);
             for (int i = 0; i < n; i++)
                 if (!send_done(&s[i]))
-                    return fail(err, SR_ETIMEOUT, s[i].peer->peer_rank,
+                    return sr_fail(err, SR_ETIMEOUT, s[i].peer->peer_rank,
                                 "timed out after %d ms sending to (window full, no ack from) rank %d", timeout_ms,
                                 s[i].peer->peer_rank);
             int i = 0;
             while (!acks_owed(r[i].peer))
                 i++;
-            return fail(err, SR_ETIMEOUT, r[i].peer->peer_rank, "timed out after %d ms acking rank %d", timeout_ms,
+            return sr_fail(err, SR_ETIMEOUT, r[i].peer->peer_rank, "timed out after %d ms acking rank %d", timeout_ms,
                         r[i].peer->peer_rank);
         }
         struct pollfd fds[2 * SR_MAX_LANES];
@@ -408,7 +396,7 @@ int sr_transfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeou
         }
         int got = poll(fds, (nfds_t)nfds, (int)left);
         if (got < 0 && errno != EINTR)
-            return fail(err, SR_EIO, -1, "poll: %s", strerror(errno));
+            return sr_fail(err, SR_EIO, -1, "poll: %s", strerror(errno));
     }
 }
 

@@ -44,18 +44,6 @@ typedef struct sr_vpeer {
     uint64_t stats[6]; /* frames tx, frames rx, bytes tx, bytes rx, acks tx, acks rx */
 } sr_vpeer;
 
-static int vfail(sr_error *err, int code, int peer, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        err->code = code;
-        err->peer_rank = peer;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return -code;
-}
-
 static int64_t vnow_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -100,13 +88,13 @@ static int poll_peer(sr_vpeer *p, sr_error *err) {
     for (;;) {
         int n = ibv_poll_cq(p->cq, 16, wc);
         if (n < 0)
-            return vfail(err, SR_EIO, p->peer_rank, "polling the completion queue of rank %d failed", p->peer_rank);
+            return sr_fail(err, SR_EIO, p->peer_rank, "polling the completion queue of rank %d failed", p->peer_rank);
         if (n == 0)
             return 0;
         p->completions += (uint64_t)n;
         for (int i = 0; i < n; i++) {
             if (wc[i].status != IBV_WC_SUCCESS)
-                return vfail(err, wc[i].status == IBV_WC_RETRY_EXC_ERR ? SR_ECLOSED : SR_EIO, p->peer_rank,
+                return sr_fail(err, wc[i].status == IBV_WC_RETRY_EXC_ERR ? SR_ECLOSED : SR_EIO, p->peer_rank,
                              "RDMA %s with rank %d failed: %s (vendor error 0x%x)",
                              wc[i].wr_id == WR_DATA ? "write" : wc[i].wr_id == WR_ACK ? "ack" : "receive",
                              p->peer_rank, ibv_wc_status_str(wc[i].status), wc[i].vendor_err);
@@ -117,26 +105,26 @@ static int poll_peer(sr_vpeer *p, sr_error *err) {
                 break;
             case WR_RECV_RX: /* a DATA frame landed; RC keeps them in order */
                 if (ntohl(wc[i].imm_data) != (uint32_t)p->rx_arrived)
-                    return vfail(err, SR_ESEQ, p->peer_rank, "frame imm %u from rank %d out of sequence (expected %u)",
+                    return sr_fail(err, SR_ESEQ, p->peer_rank, "frame imm %u from rank %d out of sequence (expected %u)",
                                  ntohl(wc[i].imm_data), p->peer_rank, (uint32_t)p->rx_arrived);
                 p->rx_arrived++;
                 if (post_recv(p->rx_qp, WR_RECV_RX))
-                    return vfail(err, SR_EIO, p->peer_rank, "reposting a receive for rank %d failed", p->peer_rank);
+                    return sr_fail(err, SR_EIO, p->peer_rank, "reposting a receive for rank %d failed", p->peer_rank);
                 break;
             case WR_RECV_TX: { /* an ACK: 32-bit count, widened against what we sent */
                 uint64_t acked = p->tx_acked + (uint32_t)(ntohl(wc[i].imm_data) - (uint32_t)p->tx_acked);
                 if (acked <= p->tx_acked || acked > p->tx_seq)
-                    return vfail(err, SR_ESEQ, p->peer_rank, "ack %llu from rank %d out of sequence (acked %llu, sent %llu)",
+                    return sr_fail(err, SR_ESEQ, p->peer_rank, "ack %llu from rank %d out of sequence (acked %llu, sent %llu)",
                                  (unsigned long long)acked, p->peer_rank, (unsigned long long)p->tx_acked,
                                  (unsigned long long)p->tx_seq);
                 p->tx_acked = acked;
                 p->stats[5]++;
                 if (post_recv(p->tx_qp, WR_RECV_TX))
-                    return vfail(err, SR_EIO, p->peer_rank, "reposting a receive for rank %d failed", p->peer_rank);
+                    return sr_fail(err, SR_EIO, p->peer_rank, "reposting a receive for rank %d failed", p->peer_rank);
                 break;
             }
             default:
-                return vfail(err, SR_EPROTO, p->peer_rank, "unexpected completion from rank %d", p->peer_rank);
+                return sr_fail(err, SR_EPROTO, p->peer_rank, "unexpected completion from rank %d", p->peer_rank);
             }
         }
     }
@@ -146,7 +134,7 @@ static int post_send(sr_vpeer *p, struct ibv_send_wr *wr, sr_error *err) {
     struct ibv_send_wr *bad = NULL;
     int rc = ibv_post_send(wr->opcode == IBV_WR_SEND_WITH_IMM ? p->rx_qp : p->tx_qp, wr, &bad);
     if (rc)
-        return vfail(err, SR_EIO, p->peer_rank, "posting to rank %d failed: %s", p->peer_rank, strerror(rc));
+        return sr_fail(err, SR_EIO, p->peer_rank, "posting to rank %d failed: %s", p->peer_rank, strerror(rc));
     p->sends_outstanding++;
     return 0;
 }
@@ -184,17 +172,17 @@ static int consume_frame(sr_vpeer *p, unsigned char *rbuf, size_t len, size_t *d
     sr_header h;
     memcpy(&h, slot, sizeof h);
     if (h.magic != SR_FRAME_MAGIC || sr_checksum_bytes(&h, SR_HEADER_BYTES - 4) != h.header_sum)
-        return vfail(err, SR_ECORRUPT, p->peer_rank, "corrupted frame header from rank %d", p->peer_rank);
+        return sr_fail(err, SR_ECORRUPT, p->peer_rank, "corrupted frame header from rank %d", p->peer_rank);
     size_t want = len - *done < p->slot_bytes ? len - *done : p->slot_bytes;
     if (h.version != SR_WIRE_VERSION || h.kind != SR_KIND_DATA || h.src_rank != p->peer_rank ||
         h.dst_rank != p->my_rank || h.length != want)
-        return vfail(err, SR_EPROTO, p->peer_rank, "unexpected frame from rank %d (kind %u, src %u, dst %u, %u bytes, expected %zu)",
+        return sr_fail(err, SR_EPROTO, p->peer_rank, "unexpected frame from rank %d (kind %u, src %u, dst %u, %u bytes, expected %zu)",
                      p->peer_rank, h.kind, h.src_rank, h.dst_rank, h.length, want);
     if (h.seq != p->rx_consumed)
-        return vfail(err, SR_ESEQ, p->peer_rank, "frame %llu from rank %d out of sequence (expected %llu)",
+        return sr_fail(err, SR_ESEQ, p->peer_rank, "frame %llu from rank %d out of sequence (expected %llu)",
                      (unsigned long long)h.seq, p->peer_rank, (unsigned long long)p->rx_consumed);
     if (sr_checksum_bytes(slot + SR_HEADER_BYTES, h.length) != h.payload_sum)
-        return vfail(err, SR_ECORRUPT, p->peer_rank, "corrupted payload in frame %llu from rank %d",
+        return sr_fail(err, SR_ECORRUPT, p->peer_rank, "corrupted payload in frame %llu from rank %d",
                      (unsigned long long)h.seq, p->peer_rank);
     if (op == SR_OP_ADD)
         sr_reduce_add(rbuf + *done, slot + SR_HEADER_BYTES, h.length, dtype);
@@ -219,7 +207,7 @@ static int sleep_on_cqs(sr_vpeer *const *peers, int n, int ms, sr_error *err) {
     struct pollfd fds[2 * SR_MAX_LANES];
     for (int i = 0; i < n; i++) {
         if (ibv_req_notify_cq(peers[i]->cq, 0))
-            return vfail(err, SR_EIO, peers[i]->peer_rank, "arming the CQ of rank %d failed", peers[i]->peer_rank);
+            return sr_fail(err, SR_EIO, peers[i]->peer_rank, "arming the CQ of rank %d failed", peers[i]->peer_rank);
         fds[i] = (struct pollfd){.fd = peers[i]->channel->fd, .events = POLLIN};
     }
     /* A completion that landed before the arm raised no event: look once more, and do not
@@ -233,7 +221,7 @@ static int sleep_on_cqs(sr_vpeer *const *peers, int n, int ms, sr_error *err) {
             ms = 0;
     }
     if (poll(fds, (nfds_t)n, ms) < 0)
-        return vfail(err, SR_EIO, -1, "poll on completion channels failed");
+        return sr_fail(err, SR_EIO, -1, "poll on completion channels failed");
     for (int i = 0; i < n; i++) {
         if (fds[i].revents & POLLIN) {
             struct ibv_cq *ev_cq;
@@ -278,13 +266,13 @@ static void add_peer(sr_vpeer **set, int *n, sr_vpeer *p) {
 /* The tcp engine's sr_transfer_lanes contract, over RDMA. */
 int sr_vtransfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeout_ms, sr_error *err) {
     if (n < 1 || n > SR_MAX_LANES || (op == SR_OP_ADD && dtype != SR_F32 && dtype != SR_F16 && dtype != SR_BF16))
-        return vfail(err, SR_EARG, -1, "invalid transfer arguments");
+        return sr_fail(err, SR_EARG, -1, "invalid transfer arguments");
     sr_vpeer *to[SR_MAX_LANES], *from[SR_MAX_LANES], *peers[2 * SR_MAX_LANES];
     size_t slen[SR_MAX_LANES], rlen[SR_MAX_LANES], framed[SR_MAX_LANES] = {0}, done[SR_MAX_LANES] = {0};
     int npeers = 0;
     for (int i = 0; i < n; i++) {
         if ((!lanes[i].to && lanes[i].slen) || (!lanes[i].from && lanes[i].rlen))
-            return vfail(err, SR_EARG, -1, "invalid transfer arguments");
+            return sr_fail(err, SR_EARG, -1, "invalid transfer arguments");
         to[i] = lanes[i].to;
         from[i] = lanes[i].from;
         slen[i] = to[i] ? lanes[i].slen : 0;
@@ -328,7 +316,7 @@ int sr_vtransfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeo
                 i++;
             int receiving = done[i] < rlen[i];
             sr_vpeer *p = receiving ? from[i] : to[i];
-            return vfail(err, SR_ETIMEOUT, p->peer_rank, "timed out after %d ms %s rank %d", timeout_ms,
+            return sr_fail(err, SR_ETIMEOUT, p->peer_rank, "timed out after %d ms %s rank %d", timeout_ms,
                          receiving ? "waiting for data from" : "sending to (window full, no ack from)", p->peer_rank);
         }
         if (now < spin_until)

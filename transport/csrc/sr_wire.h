@@ -4,8 +4,10 @@
 #ifndef SR_WIRE_H
 #define SR_WIRE_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #define SR_FRAME_MAGIC 0x31465253u /* "SRF1" little-endian */
@@ -49,6 +51,20 @@ typedef struct sr_error {
     int peer_rank;
     char message[240];
 } sr_error;
+
+/* Fill `err` (when given) and return -code: every failure path of both engines ends here. */
+__attribute__((format(printf, 4, 5))) static inline int sr_fail(sr_error *err, int code, int peer,
+                                                                 const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        err->code = code;
+        err->peer_rank = peer;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+    }
+    return -code;
+}
 
 /* One lane of a transfer: send sbuf[slen] to `to` while receiving rbuf[rlen] from `from`
  * (an engine's peer handle, sr_peer or sr_vpeer; either may be NULL). A call runs up to
