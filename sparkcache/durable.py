@@ -33,16 +33,18 @@ def write_synced(path: Path, *parts: bytes | bytearray | memoryview) -> None:
         os.close(fd)
 
 
-def publish_file(tmp: Path, final: Path) -> None:
+def publish_file(tmp: Path, final: Path, *, exist_ok: bool = True) -> None:
     """Give a synced temporary file its final name atomically, then make that durable.
 
     `link` (not rename) so an existing final name is never replaced behind a reader's
-    back: a page name is its content address, so an existing one already holds it.
+    back. exist_ok: the name says what the file holds (a manifest names its snapshot),
+    so an existing one already holds it; otherwise FileExistsError.
     """
     try:
         os.link(tmp, final)
     except FileExistsError:
-        pass
+        if not exist_ok:
+            raise
     finally:
         unlink_quietly(tmp)
     fsync_dir(final.parent)

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 from sparkcache import CHUNK_TOKENS, GEOMETRY_NAMESPACE
 from sparkcache.dcp import local_tokens
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: pages packed into one segment file per publication (1: one file per page)."""
 
 
 @dataclass(frozen=True)

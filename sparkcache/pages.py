@@ -3,16 +3,21 @@
     b"SPKCPG01" | u32 header length | header JSON | payload
 
 The header names the identity, the chunk key and the layer layout; the sha256 of the whole
-file is the page's record in the manifest that admitted it, checked on every restore.
+page is its record in the manifest that admitted it. Pages lie back to back in segment
+files (see store.py); `read_page_at` reads one and checks that sha256 before parsing it.
 """
 
 import hashlib
 import json
+import os
 import struct
 from dataclasses import dataclass
 
 MAGIC = b"SPKCPG01"
 _LEN = struct.Struct("<I")
+READ_PIECE_BYTES = 256 << 10
+"""Bytes read, then hashed, at a time: hashed while still in the CPU cache, which a whole
+page of MiBs is not, and small enough for the kernel's read-ahead to stay ahead."""
 
 
 class PageError(Exception):
@@ -57,11 +62,30 @@ def page_sha256(head: Buffer, payload: Buffer) -> str:
     return digest.hexdigest()
 
 
-def decode_page(data: Buffer, *, key: str, identity: str, sha256: str) -> Page:
-    """Parse and verify a page read from disk; raise PageError rather than return bad KV."""
-    data = memoryview(data)
-    if hashlib.sha256(data).hexdigest() != sha256:
+def read_page_at(fd: int, offset: int, nbytes: int, *, key: str, identity: str, sha256: str) -> Page:
+    """The page stored at `offset` of the open file `fd`, verified; PageError rather than bad KV.
+
+    Reads straight into the page's own buffer, a piece at a time, hashing each piece right
+    after it lands (pread and hashlib release the GIL: several pages go at once).
+    """
+    data = bytearray(nbytes)
+    view = memoryview(data)
+    digest = hashlib.sha256()
+    got = 0
+    while got < nbytes:
+        piece = view[got : got + READ_PIECE_BYTES]
+        n = os.preadv(fd, [piece], offset + got)
+        if n == 0:
+            raise PageError(f"page {key[:16]}: the file ends before the size in its manifest record")
+        digest.update(piece[:n])
+        got += n
+    if digest.hexdigest() != sha256:
         raise PageError(f"page {key[:16]}: sha256 differs from its manifest record")
+    return _parse(view, key=key, identity=identity)
+
+
+def _parse(data: memoryview, *, key: str, identity: str) -> Page:
+    """The page in bytes whose sha256 already matched its record; checks what they claim to be."""
     if bytes(data[: len(MAGIC)]) != MAGIC:
         raise PageError(f"page {key[:16]}: not a SparkCache page")
     start = len(MAGIC) + _LEN.size

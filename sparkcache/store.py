@@ -1,17 +1,24 @@
 """The page store on a rank's local disk: publication, discovery, verified restore, eviction.
 
-    <root>/id-<identity digest>/identity.json      the full identity, checked on every open
-                               pages/<kk>/<key>.page one chunk's KV (see pages.py)
-                               snapshots/<key>.json a manifest: the pages of one prompt prefix
-                               tmp/                 files not yet published
-                               owner.lock           one writer per identity directory
+    <root>/id-<identity digest>/identity.json        the full identity, checked on every open
+                               segments/<name>.seg    the pages one publication added, back to back
+                               snapshots/<key>.json   a manifest: the pages of one prompt prefix,
+                                                      each as (key, sha256, size, segment, offset)
+                               tmp/                   files not yet published
+                               owner.lock             one writer per identity directory
 
-A snapshot becomes visible only when its manifest appears, and the manifest is written last,
-after every page it lists is synced and linked: a crash at any instant leaves whole, verified
-snapshots plus orphans that the next writer removes. The index is rebuilt from manifests
-alone (page bytes are read only to restore them). Every restored page is checked against
-its manifest's sha256; a bad page is removed with every snapshot that lists it. Restore
-reads and hashes a few pages at once: one core's sha256 is slower than the disk.
+A publication writes the pages the store lacks into one new segment (write, fsync, link,
+directory fsync), then its manifest the same way, last: a snapshot becomes visible only when
+its manifest appears, so a crash at any instant leaves whole, verified snapshots plus
+orphans that the next writer removes. One file per publication rather than per page: one
+file to create, sync and link, not one per page (publishing 256 KiB pages ran about twice as
+fast here), and a restore reads long runs of one file, where every new file costs the disk a
+cold start. A segment is deleted once no manifest lists any of its pages.
+
+The index is rebuilt from manifests alone (page bytes are read only to restore them). Every
+restored page is checked against its manifest's sha256; a bad page is removed with every
+snapshot that lists it. Restore reads and hashes a few pages at once: one core's sha256 is
+slower than the disk.
 """
 
 import contextlib
@@ -24,7 +31,6 @@ import os
 import shutil
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,7 +38,7 @@ from pathlib import Path
 
 from sparkcache.durable import fsync_dir, publish_file, unlink_quietly, write_synced
 from sparkcache.identity import CacheIdentity
-from sparkcache.pages import Page, PageError, decode_page, encode_page, page_sha256
+from sparkcache.pages import Page, PageError, encode_page, page_sha256, read_page_at
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +46,11 @@ READ_WORKERS = min(4, os.cpu_count() or 1)
 """Pages read and verified at once: sha256 runs ~1.7 GB/s on one core, an NVMe several times that."""
 READ_AHEAD_BYTES = 256 << 20
 """Bytes of pages read ahead of the consumer at most (each is held until it is yielded)."""
+RUN_BYTES = 32 << 20
+"""Pages one reader thread reads in a row, through its own file handle: one sequential
+stream the kernel reads ahead on. Two threads on neighbouring pages of one handle look
+random to read-ahead; two runs at once keep two streams and two cores busy."""
+SEGMENT_SUFFIX = ".seg"
 
 
 class IdentityMismatch(Exception):
@@ -70,8 +81,15 @@ class StoreLimits:
 
 @dataclass(frozen=True)
 class PageRecord:
+    """Where a page lies and what its bytes must hash to (one manifest entry)."""
+
     sha256: str
     nbytes: int
+    segment: str
+    offset: int
+
+    def entry(self, key: str) -> list[object]:
+        return [key, self.sha256, self.nbytes, self.segment, self.offset]
 
 
 @dataclass
@@ -96,17 +114,19 @@ def manifest_checksum(body: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _read_exact(path: Path, nbytes: int) -> bytearray:
-    """The file's bytes, read straight into one buffer; PageError unless it holds exactly `nbytes`."""
-    data = bytearray(nbytes)
-    view = memoryview(data)
-    got = 0
-    with path.open("rb", buffering=0) as f:
-        while got < nbytes and (n := f.readinto(view[got:])):
-            got += n
-        if got != nbytes or f.read(1):
-            raise PageError(f"page {path.stem[:16]}: size differs from its manifest record")
-    return data
+def runs_of(records: list["PageRecord | None"], run_bytes: int) -> list[list[int]]:
+    """Indices of `records` cut into runs: consecutive pages of one segment, <= run_bytes
+    each (a single bigger page is a run of its own); an unpublished page is a run alone."""
+    runs: list[list[int]] = []
+    size = 0
+    for i, rec in enumerate(records):
+        prev = records[runs[-1][-1]] if runs else None
+        if rec is None or prev is None or prev.segment != rec.segment or size + rec.nbytes > run_bytes:
+            runs.append([])
+            size = 0
+        runs[-1].append(i)
+        size += rec.nbytes if rec is not None else 0
+    return runs
 
 
 class SparkCacheStore:
@@ -123,7 +143,8 @@ class SparkCacheStore:
         self.dir = Path(root) / identity.dirname()
         self._lock = threading.RLock()
         self._pages: dict[str, PageRecord] = {}
-        self._refs: dict[str, set[str]] = {}
+        self._refs: dict[str, set[str]] = {}  # page key -> snapshots listing it
+        self._segments: dict[str, int] = {}  # segment -> bytes, while a listed page lies in it
         self._snapshots: dict[str, Snapshot] = {}
         self._seen_mtime = -1
         self._last_stamp_ns = 0
@@ -139,7 +160,7 @@ class SparkCacheStore:
 
     # -- opening -------------------------------------------------------------------------
     def _open_writer(self) -> None:
-        for sub in ("pages", "snapshots", "tmp"):
+        for sub in ("segments", "snapshots", "tmp"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         fd = os.open(self.dir / "owner.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -176,10 +197,10 @@ class SparkCacheStore:
     def _snapshot_dir(self) -> Path:
         return self.dir / "snapshots"
 
-    def _page_path(self, key: str) -> Path:
-        return self.dir / "pages" / key[:2] / f"{key}.page"
+    def _segment_dir(self) -> Path:
+        return self.dir / "segments"
 
-    def _read_manifest(self, path: Path) -> Snapshot | None:
+    def _read_manifest(self, path: Path) -> tuple[Snapshot, dict[str, PageRecord]] | None:
         """Parse one manifest; None when it is unreadable or not ours (it is then ignored)."""
         try:
             raw = path.read_bytes()
@@ -187,18 +208,35 @@ class SparkCacheStore:
             checksum = body.pop("checksum")
             if checksum != manifest_checksum(body) or body["identity"] != self.digest:
                 return None
-            pages = [k for k, _, _ in body["pages"]]
-            if pages[-1] != body["snapshot"] or path.stem != body["snapshot"]:
+            records = {k: PageRecord(s, int(n), str(seg), int(off)) for k, s, n, seg, off in body["pages"]}
+            pages = [entry[0] for entry in body["pages"]]
+            if pages[-1] != body["snapshot"] or path.stem != body["snapshot"] or len(records) != len(pages):
                 return None
-            records = {k: PageRecord(s, int(n)) for k, s, n in body["pages"]}
             stat = path.stat()
         except (OSError, ValueError, KeyError, TypeError, IndexError):
             return None
         with self._lock:
-            for key, rec in records.items():
-                self._pages.setdefault(key, rec)
             self._last_stamp_ns = max(self._last_stamp_ns, stat.st_mtime_ns)
-        return Snapshot(body["snapshot"], pages, int(body["tokens"]), stat.st_mtime_ns / 1e9, len(raw))
+        snap = Snapshot(body["snapshot"], pages, int(body["tokens"]), stat.st_mtime_ns / 1e9, len(raw))
+        return snap, records
+
+    def _usable(self, records: dict[str, PageRecord], segments: dict[str, int]) -> bool:
+        """Every page lies inside a segment on disk, where any other manifest also puts it."""
+        for key, rec in records.items():
+            if rec.offset < 0 or rec.offset + rec.nbytes > segments.get(rec.segment, -1):
+                return False
+            if self._pages.get(key, rec) != rec:
+                return False
+        return True
+
+    def _listed_segments(self) -> dict[str, int]:
+        sizes = {}
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self._segment_dir()):
+                if entry.name.endswith(SEGMENT_SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        sizes[entry.name] = entry.stat().st_size
+        return sizes
 
     def discover(self) -> None:
         """(Re)build the index from the manifests; a writer also removes crash leftovers."""
@@ -206,30 +244,32 @@ class SparkCacheStore:
             self._pages.clear()
             self._refs.clear()
             self._snapshots.clear()
+            self._segments.clear()
             snap_dir = self._snapshot_dir()
             if not snap_dir.is_dir():
                 return
             self._seen_mtime = snap_dir.stat().st_mtime_ns
-            present = self._listed_pages() if self.writer else None
+            present = self._listed_segments()
             for path in sorted(snap_dir.glob("*.json")):
-                snap = self._read_manifest(path)
-                if snap is None or (present is not None and not set(snap.pages) <= present):
+                parsed = self._read_manifest(path)
+                # A reader may see a manifest whose segment the writer just removed: it skips it.
+                if parsed is None or not self._usable(parsed[1], present):
                     if self.writer:
                         log.warning("SparkCache: dropping unusable manifest %s", path.name)
                         unlink_quietly(path)
                     continue
+                snap, records = parsed
+                self._pages.update(records)
                 self._add(snap)
-            self._pages = {k: r for k, r in self._pages.items() if k in self._refs}
+                for rec in records.values():
+                    self._segments[rec.segment] = present[rec.segment]
             if self.writer:
-                self._remove_leftovers(present or set())
+                self._remove_leftovers(present)
 
-    def _listed_pages(self) -> set[str]:
-        return {p.stem for p in (self.dir / "pages").glob("*/*.page")}
-
-    def _remove_leftovers(self, present: set[str]) -> None:
-        """Pages no manifest lists and unpublished temporaries: what a crash leaves behind."""
-        for key in present - self._refs.keys():
-            unlink_quietly(self._page_path(key))
+    def _remove_leftovers(self, present: dict[str, int]) -> None:
+        """Segments no manifest lists and unpublished temporaries: what a crash leaves behind."""
+        for segment in present.keys() - self._segments.keys():
+            unlink_quietly(self._segment_dir() / segment)
         for tmp in (self.dir / "tmp").iterdir():
             unlink_quietly(tmp)
 
@@ -258,6 +298,12 @@ class SparkCacheStore:
                 n += 1
             return n
 
+    def page_location(self, key: str) -> tuple[Path, int, int]:
+        """(segment file, offset, size) of a published page: for tools and fault tests."""
+        with self._lock:
+            record = self._pages[key]
+        return self._segment_dir() / record.segment, record.offset, record.nbytes
+
     def missing(self, keys: list[str]) -> list[str]:
         with self._lock:
             return [k for k in keys if k not in self._refs]
@@ -268,51 +314,95 @@ class SparkCacheStore:
             record = self._pages.get(key)
         if record is None:
             raise PageError(f"page {key[:16]} is not published")
+        fd = -1
         try:
-            data = _read_exact(self._page_path(key), record.nbytes)
-            return decode_page(data, key=key, identity=self.digest, sha256=record.sha256)
+            fd = os.open(self._segment_dir() / record.segment, os.O_RDONLY)
+            return self._verified(fd, key, record)
+        except OSError as exc:
+            raise self._refuse(key, exc) from exc
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _verified(self, fd: int, key: str, record: PageRecord) -> Page:
+        try:
+            return read_page_at(
+                fd, record.offset, record.nbytes, key=key, identity=self.digest, sha256=record.sha256
+            )
         except (OSError, PageError) as exc:
-            if self.writer:
-                self.quarantine(key)
-            raise PageError(str(exc)) from exc
+            raise self._refuse(key, exc) from exc
+
+    def _refuse(self, key: str, exc: Exception) -> PageError:
+        """A page that cannot be served: a writer removes it (and its snapshots) for good."""
+        if self.writer:
+            self.quarantine(key)
+        return exc if isinstance(exc, PageError) else PageError(f"page {key[:16]}: {exc}")
 
     def read_pages(self, keys: list[str]) -> Iterator[Page | PageError]:
         """Verified pages in order (a failure is yielded, not raised).
 
-        Up to READ_WORKERS threads each read and hash a page (readinto and hashlib release
-        the GIL) while the kernel reads the pages queued behind them (WILLNEED), within
-        READ_AHEAD_BYTES. A page is yielded only after its own sha256 matched. Closing the
-        generator early cancels what has not started and waits for what has.
+        The pages are cut into runs (`runs_of`); up to READ_WORKERS threads each read one
+        run front to back, hashing as they go, within READ_AHEAD_BYTES of pages not yet
+        yielded. A page is yielded as soon as its own sha256 matched. Closing the generator
+        early stops the readers after their current page and waits for them.
         """
         with self._lock:
-            sizes = [self._pages[k].nbytes if k in self._pages else 0 for k in keys]
+            records = [self._pages.get(k) for k in keys]
+        total = sum(r.nbytes for r in records if r is not None)
+        runs = runs_of(records, min(RUN_BYTES, -(-total // READ_WORKERS)))  # every worker gets a run
+        sizes = [sum(records[i].nbytes for i in run if records[i] is not None) for run in runs]
+        results: list[Future[Page]] = [Future() for _ in keys]
+        stop = threading.Event()
         pool = ThreadPoolExecutor(READ_WORKERS, thread_name_prefix="sparkcache-read")
-        queued: deque[Future[Page]] = deque()
-        ahead = 0  # bytes queued, being read, or read and not yet yielded
+        submitted = 0  # runs handed to the pool
+        ahead = 0  # bytes of submitted runs whose pages are not all yielded
         try:
-            for i in range(len(keys)):
-                nxt = i + len(queued)
-                while nxt < len(keys) and (not queued or ahead + sizes[nxt] <= READ_AHEAD_BYTES):
-                    self._advise_willneed(keys[nxt])
-                    queued.append(pool.submit(self.read_page, keys[nxt]))
-                    ahead += sizes[nxt]
-                    nxt += 1
-                future = queued.popleft()
-                ahead -= sizes[i]
-                try:
-                    page: Page | PageError = future.result()
-                except PageError as exc:
-                    page = exc
-                yield page
+            for run_index, run in enumerate(runs):
+                while submitted < len(runs) and (
+                    submitted == run_index or ahead + sizes[submitted] <= READ_AHEAD_BYTES
+                ):
+                    pool.submit(self._read_run, keys, records, runs[submitted], results, stop)
+                    ahead += sizes[submitted]
+                    submitted += 1
+                for i in run:
+                    try:
+                        page: Page | PageError = results[i].result()
+                    except PageError as exc:
+                        page = exc
+                    yield page
+                ahead -= sizes[run_index]
         finally:
+            stop.set()
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _advise_willneed(self, key: str) -> None:
-        with contextlib.suppress(OSError):
-            fd = os.open(self._page_path(key), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            finally:
+    def _read_run(
+        self,
+        keys: list[str],
+        records: list[PageRecord | None],
+        run: list[int],
+        results: list[Future[Page]],
+        stop: threading.Event,
+    ) -> None:
+        """Read and verify one run's pages in order through one handle, settling each result."""
+        fd = -1
+        try:
+            for i in run:
+                if stop.is_set():
+                    return
+                record = records[i]
+                try:
+                    if record is None:
+                        raise PageError(f"page {keys[i][:16]} is not published")
+                    if fd < 0:
+                        fd = os.open(self._segment_dir() / record.segment, os.O_RDONLY)
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                    results[i].set_result(self._verified(fd, keys[i], record))
+                except PageError as exc:  # already refused
+                    results[i].set_exception(exc)
+                except Exception as exc:  # the open failed, or worse: refused; the consumer never hangs
+                    results[i].set_exception(self._refuse(keys[i], exc))
+        finally:
+            if fd >= 0:
                 os.close(fd)
 
     def _use_stamp(self) -> int:
@@ -343,20 +433,19 @@ class SparkCacheStore:
         with self._lock:
             log.warning("SparkCache: page %s failed verification; removing it and its snapshots", key[:16])
             self._drop_snapshots(sorted(self._refs.get(key, ())))
-            unlink_quietly(self._page_path(key))
 
     # -- accounting and eviction ---------------------------------------------------------
     def total_bytes(self) -> int:
+        """Bytes on disk: whole segments (a page no snapshot lists still fills its segment)."""
         with self._lock:
-            pages = sum(r.nbytes for k, r in self._pages.items() if k in self._refs)
-            return pages + sum(s.manifest_bytes for s in self._snapshots.values())
+            return sum(self._segments.values()) + sum(s.manifest_bytes for s in self._snapshots.values())
 
     def snapshots(self) -> list[Snapshot]:
         with self._lock:
             return sorted(self._snapshots.values(), key=lambda s: s.last_used)
 
     def _drop_snapshots(self, snap_keys: list[str]) -> None:
-        """Manifests first (durably), then the pages no remaining manifest lists."""
+        """Manifests first (durably), then the segments none of whose pages is still listed."""
         freed: set[str] = set()
         for snap_key in snap_keys:
             snap = self._snapshots.pop(snap_key, None)
@@ -369,14 +458,16 @@ class SparkCacheStore:
                     refs.discard(snap_key)
                     if not refs:
                         del self._refs[key]
-                        self._pages.pop(key, None)
-                        freed.add(key)
-        if snap_keys:
-            fsync_dir(self._snapshot_dir())
-        for key in freed:
-            unlink_quietly(self._page_path(key))
-        for sub in {key[:2] for key in freed}:
-            fsync_dir(self.dir / "pages" / sub)
+                        freed.add(self._pages.pop(key).segment)
+        if not snap_keys:
+            return
+        fsync_dir(self._snapshot_dir())
+        empty = freed - {rec.segment for rec in self._pages.values()}
+        for segment in empty:
+            del self._segments[segment]
+            unlink_quietly(self._segment_dir() / segment)
+        if empty:
+            fsync_dir(self._segment_dir())
 
     def evict(self, need_bytes: int = 0, keep: frozenset[str] = frozenset()) -> list[str]:
         """Apply the TTL, then make room for `need_bytes` under max_bytes, oldest use first.
@@ -419,27 +510,30 @@ class SparkCacheStore:
             absent = [k for k in todo if k not in pages]
             if absent:
                 return PublishResult("skipped", f"{len(absent)} page(s) neither stored nor supplied")
-        blobs = {k: encode_page(pages[k]) for k in todo}
-        sizes = {k: len(head) + memoryview(payload).nbytes for k, (head, payload) in blobs.items()}
-        need = sum(sizes.values()) + 4096
+        blobs = [encode_page(pages[k]) for k in todo]
+        need = sum(len(head) + memoryview(payload).nbytes for head, payload in blobs) + 4096
         if self.limits.max_bytes is not None and need > self.limits.max_bytes:
             return PublishResult("skipped", f"snapshot of {need} bytes exceeds max_bytes")
         evicted = self.evict(need, keep=frozenset(keys))
         free = shutil.disk_usage(self.dir).free
         if free < need + self.limits.reserve_bytes:
             return PublishResult("skipped", f"disk full: {free} bytes free, {need} needed", evicted=evicted)
-        written: list[str] = []
+        segment = f"{snap_key[:32]}-{self._use_stamp():x}{SEGMENT_SUFFIX}"
+        records: dict[str, PageRecord] = {}
+        offset = 0
+        for key, (head, payload) in zip(todo, blobs, strict=True):
+            nbytes = len(head) + memoryview(payload).nbytes
+            records[key] = PageRecord(page_sha256(head, payload), nbytes, segment, offset)
+            offset += nbytes
         tmp_dir = self.dir / "tmp"
+        linked = False
         try:
-            for key, blob in blobs.items():
-                final = self._page_path(key)
-                final.parent.mkdir(exist_ok=True)
-                tmp = tmp_dir / f"{key}.{os.getpid()}"
+            if todo:
+                tmp = tmp_dir / f"{segment}.{os.getpid()}"
                 unlink_quietly(tmp)
-                write_synced(tmp, *blob)
-                publish_file(tmp, final)
-                written.append(key)
-            records = {k: PageRecord(page_sha256(*b), sizes[k]) for k, b in blobs.items()}
+                write_synced(tmp, *(part for blob in blobs for part in blob))
+                publish_file(tmp, self._segment_dir() / segment, exist_ok=False)
+                linked = True
             with self._lock:
                 for key in keys:
                     if key not in records:
@@ -450,7 +544,7 @@ class SparkCacheStore:
                 "snapshot": snap_key,
                 "tokens": tokens,
                 "created": time.time(),
-                "pages": [[k, records[k].sha256, records[k].nbytes] for k in keys],
+                "pages": [records[k].entry(k) for k in keys],
             }
             body["checksum"] = manifest_checksum(body)
             raw = json.dumps(body, sort_keys=True).encode()
@@ -459,16 +553,15 @@ class SparkCacheStore:
             write_synced(tmp, raw)
             publish_file(tmp, manifest_path)  # the commit point
         except (OSError, KeyError) as exc:
-            with self._lock:
-                for key in written:
-                    if key not in self._refs:
-                        unlink_quietly(self._page_path(key))
+            if linked:
+                unlink_quietly(self._segment_dir() / segment)
             reason = "disk full" if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) else "error"
             log.warning("SparkCache: publication of %s skipped (%s: %s)", snap_key[:16], reason, exc)
             return PublishResult("skipped", f"{reason}: {exc}", evicted=evicted)
         with self._lock:
-            for key, rec in records.items():
-                self._pages[key] = rec
+            self._pages.update(records)
+            if todo:
+                self._segments[segment] = offset
             self._add(Snapshot(snap_key, list(keys), tokens, time.time(), len(raw)))
             self._mark_used(snap_key, self._use_stamp())
             self._seen_mtime = self._snapshot_dir().stat().st_mtime_ns

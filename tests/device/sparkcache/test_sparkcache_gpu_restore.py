@@ -72,10 +72,12 @@ def test_restore_lands_every_verified_page_on_the_gpu(cuda, published, name: str
 @pytest.mark.parametrize("name", COPIES)
 def test_a_flipped_byte_never_reaches_the_gpu(cuda, published, name: str) -> None:
     store, keys = published
-    victim = store.dir / "pages" / keys[2][:2] / f"{keys[2]}.page"
-    data = bytearray(victim.read_bytes())
-    data[-1] ^= 0x01
-    victim.write_bytes(bytes(data))
+    victim, offset, nbytes = store.page_location(keys[2])
+    with victim.open("r+b") as f:  # one flipped bit in the last byte of the third page
+        f.seek(offset + nbytes - 1)
+        last = f.read(1)[0]
+        f.seek(offset + nbytes - 1)
+        f.write(bytes([last ^ 0x01]))
     dest = cuda.zeros(len(keys) * PAGE, dtype=cuda.uint8, device="cuda")
     copy, finish = copier(cuda, name)
     assert gpu_restore.restore_to_gpu(store, keys, dest, copy) == 2

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -56,20 +57,72 @@ def test_publish_then_discover_in_a_new_process_view(store: SparkCacheStore) -> 
     fresh.close()
 
 
+def segment_files(store: SparkCacheStore) -> list[Path]:
+    return sorted((store.dir / "segments").glob("*.seg"))
+
+
+def flip_byte(store: SparkCacheStore, key: str, at: int, mask: int) -> Path:
+    """Flip bits of one page's byte in place (at < 0 counts from the page's end); its segment."""
+    path, offset, nbytes = store.page_location(key)
+    with path.open("r+b") as f:
+        f.seek(offset + at % nbytes)
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte ^ mask]))
+    return path
+
+
 def test_shared_prefix_pages_are_stored_once(store: SparkCacheStore) -> None:
     short = publish_prompt(store, prompt(1, 2))
     long = publish_prompt(store, prompt(1, 4))
     assert long[:2] == short
-    assert len(list((store.dir / "pages").glob("*/*.page"))) == 4
+    # One segment per publication; the longer prompt wrote only its two new pages.
+    first, second = (store.page_location(k)[0] for k in (short[0], long[2]))
+    assert segment_files(store) == sorted([first, second])
+    assert [store.page_location(k)[0] for k in long] == [first, first, second, second]
+    page_bytes = store.page_location(long[0])[2]
+    assert first.stat().st_size == second.stat().st_size == 2 * page_bytes
     assert store.publish(long, 1024, {}).status == "exists"
+
+
+def age(store: SparkCacheStore, snap_key: str) -> None:
+    """Make a snapshot look unused for an hour (the LRU clock is the manifest mtime)."""
+    old = time.time() - 3600
+    os.utime(store.dir / "snapshots" / f"{snap_key}.json", (old, old))
+
+
+def test_segment_lives_while_any_snapshot_lists_one_of_its_pages(tmp_path: Path) -> None:
+    limits = StoreLimits(ttl_seconds=60, reserve_bytes=0)
+    store = SparkCacheStore(tmp_path, IDENTITY, limits, writer=True)
+    short = publish_prompt(store, prompt(5, 2))
+    long = publish_prompt(store, prompt(5, 3))
+    first = store.page_location(short[0])[0]
+    age(store, short[-1])
+    store = reopen(store, limits)
+    assert store.evict() == [short[-1]]
+    assert first.exists() and store.match(long) == 3  # its pages are still the long prompt's
+    fresh = reopen(store, limits)
+    assert [bytes(p.payload[:1]) for p in fresh.read_pages(long)] == [b"\x07"] * 3
+    age(fresh, long[-1])
+    fresh = reopen(fresh, limits)
+    assert fresh.evict() == [long[-1]]
+    assert segment_files(fresh) == [] and fresh.total_bytes() == 0
+    fresh.close()
+
+
+def test_manifest_pointing_past_its_segment_is_dropped(store: SparkCacheStore) -> None:
+    keys = publish_prompt(store, prompt(6, 2))
+    path, offset, nbytes = store.page_location(keys[1])
+    os.truncate(path, offset + nbytes - 1)  # a segment cut short (not by SparkCache)
+    fresh = reopen(store)
+    assert fresh.match(keys) == 0 and fresh.snapshots() == []
+    assert segment_files(fresh) == []  # listed by no manifest now: removed
+    fresh.close()
 
 
 def test_discovery_reads_metadata_only_and_restore_verifies(store: SparkCacheStore) -> None:
     keys = publish_prompt(store, prompt(2, 2))
-    victim = store.dir / "pages" / keys[1][:2] / f"{keys[1]}.page"
-    data = bytearray(victim.read_bytes())
-    data[-10] ^= 0x01  # one flipped bit in the KV payload
-    victim.write_bytes(bytes(data))
+    victim = flip_byte(store, keys[1], -10, 0x01)  # one flipped bit in the KV payload
     fresh = reopen(store)
     assert fresh.match(keys) == 2  # discovery does not read page bytes
     fresh.read_page(keys[0])
@@ -90,11 +143,12 @@ def publish_distinct(store: SparkCacheStore, seed: int, chunks: int, nbytes: int
     return keys
 
 
-@pytest.mark.parametrize("ahead_pages", [1, 3, 100])
+@pytest.mark.parametrize(("ahead_pages", "run_pages"), [(1, 1), (3, 2), (100, 4), (100, 100)])
 def test_read_pages_yields_every_page_in_order(
-    store: SparkCacheStore, monkeypatch: pytest.MonkeyPatch, ahead_pages: int
+    store: SparkCacheStore, monkeypatch: pytest.MonkeyPatch, ahead_pages: int, run_pages: int
 ) -> None:
     monkeypatch.setattr(store_module, "READ_AHEAD_BYTES", ahead_pages * 4200)
+    monkeypatch.setattr(store_module, "RUN_BYTES", run_pages * 4200)
     keys = publish_distinct(store, 50, 9)
     fresh = reopen(store)
     got = list(fresh.read_pages(keys))
@@ -103,12 +157,33 @@ def test_read_pages_yields_every_page_in_order(
     fresh.close()
 
 
+def test_runs_are_consecutive_pages_of_one_segment_within_the_run_size() -> None:
+    def rec(segment: str, nbytes: int = 10) -> store_module.PageRecord:
+        return store_module.PageRecord("0" * 64, nbytes, segment, 0)
+
+    records = [rec("a"), rec("a"), rec("a"), rec("b"), None, rec("b"), rec("a", 100), rec("a")]
+    assert store_module.runs_of(records, run_bytes=20) == [[0, 1], [2], [3], [4], [5], [6], [7]]
+    assert store_module.runs_of(records, run_bytes=1000) == [[0, 1, 2], [3], [4], [5], [6, 7]]
+
+
+def test_read_pages_across_segments_and_an_unpublished_page(store: SparkCacheStore) -> None:
+    short = publish_distinct(store, 53, 3)
+    long = chunk_keys(prompt(53, 6))
+    assert (
+        store.publish(long, 6 * 256, {k: page(store, k, fill=i) for i, k in enumerate(long)}).status
+        == "published"
+    )
+    fresh = reopen(store)
+    got = list(fresh.read_pages([*long[:5], "f" * 64, long[5]]))
+    assert [bytes(p.payload[:1]) for p in got[:5]] == [bytes([i]) for i in range(5)]
+    assert isinstance(got[5], PageError) and "not published" in str(got[5])
+    assert bytes(got[6].payload[:1]) == b"\x05" and short == long[:3]
+    fresh.close()
+
+
 def test_read_pages_never_serves_a_flipped_byte(store: SparkCacheStore) -> None:
     keys = publish_distinct(store, 51, 6)
-    victim = store.dir / "pages" / keys[3][:2] / f"{keys[3]}.page"
-    data = bytearray(victim.read_bytes())
-    data[100] ^= 0x80
-    victim.write_bytes(bytes(data))
+    victim = flip_byte(store, keys[3], 100, 0x80)
     fresh = reopen(store)
     got = list(fresh.read_pages(keys))
     assert [bytes(p.payload[:1]) for p in got[:3]] == [b"\x00", b"\x01", b"\x02"]
@@ -201,8 +276,7 @@ def test_ttl_expires_unused_snapshots(tmp_path: Path) -> None:
 
 def test_crash_leftovers_are_removed_on_open(store: SparkCacheStore) -> None:
     keys = publish_prompt(store, prompt(30, 2))
-    orphan = store.dir / "pages" / "ab" / ("ab" + "0" * 62 + ".page")
-    orphan.parent.mkdir(exist_ok=True)
+    orphan = store.dir / "segments" / "ab-1.seg"  # linked, then killed before its manifest
     orphan.write_bytes(b"half a page")
     (store.dir / "tmp" / "x.123").write_bytes(b"unpublished")
     fresh = reopen(store)
@@ -235,21 +309,25 @@ def tiny_tmpfs(tmp_path: Path):
         subprocess.run(["umount", "--lazy", str(mnt)], check=True)
 
 
-def test_disk_full_skips_publication_and_keeps_serving(tiny_tmpfs: Path) -> None:
+def test_disk_full_skips_publication_and_keeps_serving(
+    tiny_tmpfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = SparkCacheStore(tiny_tmpfs, IDENTITY, StoreLimits(reserve_bytes=0), writer=True)
     try:
         small = publish_prompt(store, prompt(40, 1), nbytes=1000)
-        free = os.statvfs(tiny_tmpfs).f_bavail * os.statvfs(tiny_tmpfs).f_frsize
-        # Pages of just over 4 KiB take 8 KiB each on tmpfs: the free-space check passes and
-        # the writes themselves hit ENOSPC part way through.
-        n = free // 6000
+        real = shutil.disk_usage(tiny_tmpfs)
+        # More pages than the disk holds, while the free-space check is told there is room
+        # (as when another writer fills the disk right after it): the write hits ENOSPC.
+        n = real.free // 4200 + 2
         keys = chunk_keys(prompt(41, n))
-        result = store.publish(keys, n * 256, {k: page(store, k, 4200) for k in keys})
+        with monkeypatch.context() as patch:
+            patch.setattr(shutil, "disk_usage", lambda _: real._replace(free=1 << 40))
+            result = store.publish(keys, n * 256, {k: page(store, k, 4200) for k in keys})
         assert result.status == "skipped" and "disk full" in result.reason
         # Too big for the free space outright: refused before writing anything.
         huge = chunk_keys(prompt(42, 1))
         assert "disk full" in store.publish(huge, 256, {huge[0]: page(store, huge[0], 1 << 20)}).reason
-        assert sorted(p.stem for p in (store.dir / "pages").glob("*/*.page")) == sorted(small)
+        assert segment_files(store) == [store.page_location(small[0])[0]]
         assert not any((store.dir / "tmp").iterdir())
         assert store.match(keys) == 0 and store.match(small) == 1
         assert bytes(store.read_page(small[0]).payload) == bytes([7]) * 1000  # serving goes on

@@ -14,6 +14,7 @@ import random
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from sparkcache_vllm_harness import VllmServer, ensure_sim_model, metric_total, 
 
 from sparkcache import CHUNK_TOKENS
 from sparkcache.chunks import chunk_keys
-from sparkcache.pages import Page, decode_page, encode_page
+from sparkcache.pages import Page, encode_page, read_page_at
 from sparkcache.settings import SparkCacheSettings, vllm_serve_args
 from sparkcache.store import manifest_checksum
 
@@ -43,9 +44,26 @@ def manifests(root: Path) -> list[Path]:
     return sorted(root.glob("id-*/snapshots/*.json"))
 
 
-def page_path(root: Path, key: str) -> Path:
-    (found,) = root.glob(f"id-*/pages/{key[:2]}/{key}.page")
-    return found
+def page_entry(root: Path, key: str) -> tuple[Path, list]:
+    """A published page's identity directory and manifest entry [key, sha256, size, segment, offset]."""
+    for manifest in manifests(root):
+        for entry in json.loads(manifest.read_text())["pages"]:
+            if entry[0] == key:
+                return manifest.parents[1], entry
+    raise AssertionError(f"page {key[:16]} is in no manifest")
+
+
+def rewrite_page(root: Path, key: str, change: Callable[[bytes], bytes]) -> Path:
+    """Replace a page's bytes in its segment with change(old bytes), same size; the segment."""
+    ident_dir, (_, _, nbytes, segment, offset) = page_entry(root, key)
+    path = ident_dir / "segments" / segment
+    with path.open("r+b") as f:
+        f.seek(offset)
+        new = change(f.read(nbytes))
+        assert len(new) == nbytes
+        f.seek(offset)
+        f.write(new)
+    return path
 
 
 def loaded_lines(log: str) -> list[str]:
@@ -74,10 +92,8 @@ def test_restart_restores_verified_prefix_and_recomputes_a_bad_page(published: d
     p1, p2, p3 = prompts()
     # p2: one flipped bit in its last page. p3: its first page rewritten with zeroed KV and
     # valid checksums, to show that the restored KV is what attention really reads.
-    bad = page_path(root, chunk_keys(p2)[-1])
-    data = bytearray(bad.read_bytes())
-    data[-5] ^= 0x10
-    bad.write_bytes(bytes(data))
+    bad_key = chunk_keys(p2)[-1]
+    bad = rewrite_page(root, bad_key, lambda old: old[:-5] + bytes([old[-5] ^ 0x10]) + old[-4:])
     resign_with_zero_kv(root, chunk_keys(p3))
 
     with VllmServer(published["model"], published["work"] / "b", published["args"]) as server:  # type: ignore[arg-type]
@@ -91,23 +107,28 @@ def test_restart_restores_verified_prefix_and_recomputes_a_bad_page(published: d
     assert loaded_lines(log)[0] == f"SparkCache: loaded {RESTORED} tokens (3 page(s) verified)"
     assert "sha256 differs from its manifest record" in log and "will be recomputed" in log
     assert recomputed == cold[1]  # the bad page was never served
-    assert bad.read_bytes() != bytes(data)  # quarantined, then republished from the recompute
+    # Quarantined with its snapshot (the segment went with it), then republished from the recompute.
+    assert not bad.exists() and page_entry(root, bad_key)[1][3] != bad.name
     assert zeroed != cold[2]
 
 
 def resign_with_zero_kv(root: Path, keys: list[str]) -> None:
     """Replace the first page's KV with zeros and fix every checksum (page and manifest)."""
-    path = page_path(root, keys[0])
-    ident_dir = path.parents[2]
+    ident_dir, entry = page_entry(root, keys[0])
+    _, old_sha, nbytes, segment, offset = entry
     manifest_path = ident_dir / "snapshots" / f"{keys[-1]}.json"
     manifest = json.loads(manifest_path.read_text())
-    old_sha = next(sha for key, sha, _ in manifest["pages"] if key == keys[0])
     digest = hashlib.sha256((ident_dir / "identity.json").read_bytes()).hexdigest()
-    page = decode_page(path.read_bytes(), key=keys[0], identity=digest, sha256=old_sha)
+    fd = os.open(ident_dir / "segments" / segment, os.O_RDONLY)
+    try:
+        page = read_page_at(fd, offset, nbytes, key=keys[0], identity=digest, sha256=old_sha)
+    finally:
+        os.close(fd)
     head, payload = encode_page(Page(page.key, page.identity, page.layers, bytes(len(page.payload))))
     new = head + payload
-    path.write_bytes(new)
-    manifest["pages"][0] = [keys[0], hashlib.sha256(new).hexdigest(), len(new)]
+    rewrite_page(root, keys[0], lambda _: new)
+    assert manifest["pages"][0][0] == keys[0]
+    manifest["pages"][0] = [keys[0], hashlib.sha256(new).hexdigest(), nbytes, segment, offset]
     manifest.pop("checksum")
     manifest["checksum"] = manifest_checksum(manifest)
     manifest_path.write_text(json.dumps(manifest, sort_keys=True))
