@@ -255,6 +255,7 @@ def vllm_bench(work: Path, prompts: int, tokens: int) -> dict[str, object]:
 
 
 def main() -> None:
+    global PAGE_BYTES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--dir", type=Path, default=Path("/var/tmp"), help="a directory on the disk to measure"
@@ -270,7 +271,6 @@ def main() -> None:
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sparkcache.json")
     args = parser.parse_args()
-    global PAGE_BYTES
     PAGE_BYTES = args.page_kib << 10
     disk = disk_bench(args.dir, args.mib, args.rounds)
     work = Path(tempfile.mkdtemp(prefix="sparkcache-bench-", dir=args.dir))
