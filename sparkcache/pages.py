@@ -11,6 +11,8 @@ import hashlib
 import json
 import os
 import struct
+import sys
+import threading
 from dataclasses import dataclass
 
 MAGIC = b"SPKCPG01"
@@ -62,13 +64,53 @@ def page_sha256(head: Buffer, payload: Buffer) -> str:
     return digest.hexdigest()
 
 
-def read_page_at(fd: int, offset: int, nbytes: int, *, key: str, identity: str, sha256: str) -> Page:
+class PageBuffers:
+    """Read buffers, taken again once nothing holds a view of them any more.
+
+    A fresh buffer of MiBs costs a page fault per 4 KiB at first touch (measured here: reusing
+    buffers made a restore about a fifth faster). Whether a buffer is still in use is its
+    reference count: every view of it (memoryview slices, torch.frombuffer) holds one, so a
+    buffer a consumer still holds is never handed out again; it is simply not reused.
+    """
+
+    def __init__(self, keep_bytes: int) -> None:
+        self._keep_bytes = keep_bytes
+        self._buffers: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bytearray:
+        with self._lock:
+            idle = None
+            for i in range(len(self._buffers)):
+                if sys.getrefcount(self._buffers[i]) == 2:  # the list's and the argument's: no view
+                    if len(self._buffers[i]) == nbytes:
+                        return self._buffers[i]
+                    idle = i
+            fresh = bytearray(nbytes)
+            if sum(map(len, self._buffers)) + nbytes <= self._keep_bytes:
+                self._buffers.append(fresh)
+            elif idle is not None:
+                self._buffers[idle] = fresh  # pages changed size: keep the new size
+            return fresh
+
+
+def read_page_at(
+    fd: int,
+    offset: int,
+    nbytes: int,
+    *,
+    key: str,
+    identity: str,
+    sha256: str,
+    buffers: PageBuffers | None = None,
+) -> Page:
     """The page stored at `offset` of the open file `fd`, verified; PageError rather than bad KV.
 
-    Reads straight into the page's own buffer, a piece at a time, hashing each piece right
-    after it lands (pread and hashlib release the GIL: several pages go at once).
+    Reads into the page's own buffer (from `buffers` when given), a piece at a time, hashing
+    each piece right after it lands (pread and hashlib release the GIL: several pages go at
+    once).
     """
-    data = bytearray(nbytes)
+    data = buffers.take(nbytes) if buffers is not None else bytearray(nbytes)
     view = memoryview(data)
     digest = hashlib.sha256()
     got = 0

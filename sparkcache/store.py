@@ -31,6 +31,7 @@ import os
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,7 +39,8 @@ from pathlib import Path
 
 from sparkcache.durable import fsync_dir, publish_file, unlink_quietly, write_synced
 from sparkcache.identity import CacheIdentity
-from sparkcache.pages import Page, PageError, encode_page, page_sha256, read_page_at
+from sparkcache.pages import Page, PageBuffers, PageError, encode_page, page_sha256, read_page_at
+from sparkcache.prefetch import Prefetcher, extents_of
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +48,10 @@ READ_WORKERS = min(4, os.cpu_count() or 1)
 """Pages read and verified at once: sha256 runs ~1.7 GB/s on one core, an NVMe several times that."""
 READ_AHEAD_BYTES = 256 << 20
 """Bytes of pages read ahead of the consumer at most (each is held until it is yielded)."""
-RUN_BYTES = 32 << 20
-"""Pages one reader thread reads in a row, through its own file handle: one sequential
-stream the kernel reads ahead on. Two threads on neighbouring pages of one handle look
-random to read-ahead; two runs at once keep two streams and two cores busy."""
+PAGE_BUFFER_BYTES = 64 << 20
+"""Read buffers a store keeps for reuse (see pages.PageBuffers)."""
+PREFETCH_AHEAD_BYTES = 32 << 20
+"""Bytes the prefetcher pulls into the page cache ahead of the consumer (see prefetch.py)."""
 SEGMENT_SUFFIX = ".seg"
 
 
@@ -114,19 +116,26 @@ def manifest_checksum(body: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def runs_of(records: list["PageRecord | None"], run_bytes: int) -> list[list[int]]:
-    """Indices of `records` cut into runs: consecutive pages of one segment, <= run_bytes
-    each (a single bigger page is a run of its own); an unpublished page is a run alone."""
-    runs: list[list[int]] = []
-    size = 0
-    for i, rec in enumerate(records):
-        prev = records[runs[-1][-1]] if runs else None
-        if rec is None or prev is None or prev.segment != rec.segment or size + rec.nbytes > run_bytes:
-            runs.append([])
-            size = 0
-        runs[-1].append(i)
-        size += rec.nbytes if rec is not None else 0
-    return runs
+class SegmentFiles:
+    """Segments opened once for one restore and shared by its reader threads (pread needs no
+    file position); all closed together."""
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def fd(self, segment: str) -> int:
+        with self._lock:
+            if segment not in self._fds:
+                self._fds[segment] = os.open(self._dir / segment, os.O_RDONLY)
+            return self._fds[segment]
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
 
 
 class SparkCacheStore:
@@ -149,6 +158,7 @@ class SparkCacheStore:
         self._seen_mtime = -1
         self._last_stamp_ns = 0
         self._owner_fd: int | None = None
+        self._buffers = PageBuffers(PAGE_BUFFER_BYTES)
         if writer:
             self._open_writer()
         try:
@@ -310,100 +320,76 @@ class SparkCacheStore:
 
     def read_page(self, key: str) -> Page:
         """The verified page for `key`; PageError (and removal, for a writer) otherwise."""
+        segments = SegmentFiles(self._segment_dir())
+        try:
+            return self._read_verified(key, segments)
+        finally:
+            segments.close()
+
+    def _read_verified(self, key: str, segments: SegmentFiles) -> Page:
         with self._lock:
             record = self._pages.get(key)
         if record is None:
             raise PageError(f"page {key[:16]} is not published")
-        fd = -1
         try:
-            fd = os.open(self._segment_dir() / record.segment, os.O_RDONLY)
-            return self._verified(fd, key, record)
-        except OSError as exc:
-            raise self._refuse(key, exc) from exc
-        finally:
-            if fd >= 0:
-                os.close(fd)
-
-    def _verified(self, fd: int, key: str, record: PageRecord) -> Page:
-        try:
+            fd = segments.fd(record.segment)
             return read_page_at(
-                fd, record.offset, record.nbytes, key=key, identity=self.digest, sha256=record.sha256
+                fd,
+                record.offset,
+                record.nbytes,
+                key=key,
+                identity=self.digest,
+                sha256=record.sha256,
+                buffers=self._buffers,
             )
-        except (OSError, PageError) as exc:
-            raise self._refuse(key, exc) from exc
-
-    def _refuse(self, key: str, exc: Exception) -> PageError:
-        """A page that cannot be served: a writer removes it (and its snapshots) for good."""
-        if self.writer:
-            self.quarantine(key)
-        return exc if isinstance(exc, PageError) else PageError(f"page {key[:16]}: {exc}")
+        except Exception as exc:  # unreadable or wrong: never served, and a writer removes it
+            if self.writer:
+                self.quarantine(key)
+            if isinstance(exc, PageError):
+                raise
+            raise PageError(f"page {key[:16]}: {exc}") from exc
 
     def read_pages(self, keys: list[str]) -> Iterator[Page | PageError]:
         """Verified pages in order (a failure is yielded, not raised).
 
-        The pages are cut into runs (`runs_of`); up to READ_WORKERS threads each read one
-        run front to back, hashing as they go, within READ_AHEAD_BYTES of pages not yet
-        yielded. A page is yielded as soon as its own sha256 matched. Closing the generator
-        early stops the readers after their current page and waits for them.
+        Up to READ_WORKERS threads each read and hash a page (pread and hashlib release the
+        GIL), within READ_AHEAD_BYTES of pages not yet yielded, while a prefetcher keeps the
+        segments streaming into the page cache ahead of them. A page is yielded only after
+        its own sha256 matched. Closing the generator early cancels what has not started and
+        waits for what has.
         """
         with self._lock:
             records = [self._pages.get(k) for k in keys]
-        total = sum(r.nbytes for r in records if r is not None)
-        runs = runs_of(records, min(RUN_BYTES, -(-total // READ_WORKERS)))  # every worker gets a run
-        sizes = [sum(records[i].nbytes for i in run if records[i] is not None) for run in runs]
-        results: list[Future[Page]] = [Future() for _ in keys]
-        stop = threading.Event()
+        sizes = [r.nbytes if r is not None else 0 for r in records]
+        extents = extents_of(
+            [
+                (self._segment_dir() / r.segment, r.offset, r.nbytes) if r is not None else None
+                for r in records
+            ]
+        )
+        segments = SegmentFiles(self._segment_dir())
         pool = ThreadPoolExecutor(READ_WORKERS, thread_name_prefix="sparkcache-read")
-        submitted = 0  # runs handed to the pool
-        ahead = 0  # bytes of submitted runs whose pages are not all yielded
+        queued: deque[Future[Page]] = deque()
+        ahead = 0  # bytes queued, being read, or read and not yet yielded
         try:
-            for run_index, run in enumerate(runs):
-                while submitted < len(runs) and (
-                    submitted == run_index or ahead + sizes[submitted] <= READ_AHEAD_BYTES
-                ):
-                    pool.submit(self._read_run, keys, records, runs[submitted], results, stop)
-                    ahead += sizes[submitted]
-                    submitted += 1
-                for i in run:
+            with Prefetcher(extents, PREFETCH_AHEAD_BYTES) as prefetch:
+                for i in range(len(keys)):
+                    nxt = i + len(queued)
+                    while nxt < len(keys) and (not queued or ahead + sizes[nxt] <= READ_AHEAD_BYTES):
+                        queued.append(pool.submit(self._read_verified, keys[nxt], segments))
+                        ahead += sizes[nxt]
+                        nxt += 1
+                    future = queued.popleft()
+                    ahead -= sizes[i]
                     try:
-                        page: Page | PageError = results[i].result()
+                        page: Page | PageError = future.result()
                     except PageError as exc:
                         page = exc
+                    prefetch.consumed(sizes[i])
                     yield page
-                ahead -= sizes[run_index]
         finally:
-            stop.set()
             pool.shutdown(wait=True, cancel_futures=True)
-
-    def _read_run(
-        self,
-        keys: list[str],
-        records: list[PageRecord | None],
-        run: list[int],
-        results: list[Future[Page]],
-        stop: threading.Event,
-    ) -> None:
-        """Read and verify one run's pages in order through one handle, settling each result."""
-        fd = -1
-        try:
-            for i in run:
-                if stop.is_set():
-                    return
-                record = records[i]
-                try:
-                    if record is None:
-                        raise PageError(f"page {keys[i][:16]} is not published")
-                    if fd < 0:
-                        fd = os.open(self._segment_dir() / record.segment, os.O_RDONLY)
-                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                    results[i].set_result(self._verified(fd, keys[i], record))
-                except PageError as exc:  # already refused
-                    results[i].set_exception(exc)
-                except Exception as exc:  # the open failed, or worse: refused; the consumer never hangs
-                    results[i].set_exception(self._refuse(keys[i], exc))
-        finally:
-            if fd >= 0:
-                os.close(fd)
+            segments.close()
 
     def _use_stamp(self) -> int:
         """A strictly increasing wall-clock stamp in ns for the LRU order.

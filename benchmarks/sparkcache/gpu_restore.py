@@ -145,7 +145,7 @@ def bench(base: Path, mib: int, rounds: int) -> dict[str, object]:
     disk: dict[str, list[float]] = {"pinned": [], "plain": []}
     work = Path(tempfile.mkdtemp(prefix="sparkcache-gpu-", dir=base))
     try:
-        snapshots = run.publish_snapshots(work, total, block)
+        snapshots = run.publish_snapshots(work, total, block, conversation=False)
         store = SparkCacheStore(work, run.IDENTITY, StoreLimits(reserve_bytes=0), writer=False)
         for copy in copies.values():
             from_memory(copy)  # warm-up: CUDA context, the driver's staging buffers

@@ -1,7 +1,9 @@
 """SparkCache benchmark -> benchmarks/results/sparkcache.json.
 
 1. Disk: publication and restore throughput of the store against a raw sequential write and
-   read of the same bytes on the same filesystem, in the same run. Page cache: after every
+   read of the same bytes on the same filesystem, in the same run. Restore: one long
+   context (a prompt published turn by turn) resumed by one request; also reported:
+   unrelated short prompts restored one request each ("independent"). Page cache: after every
    write is fsynced, each file's cached pages are dropped with posix_fadvise(DONTNEED) before
    it is read back, for raw and store files alike (no global drop_caches: the machine is
    shared). Raw and store runs alternate which goes first, round by round, and each round
@@ -37,7 +39,13 @@ import crashloop
 from sparkcache.chunks import chunk_keys
 from sparkcache.identity import CacheIdentity
 from sparkcache.pages import READ_PIECE_BYTES, LayerLayout, Page, PageError
-from sparkcache.store import READ_AHEAD_BYTES, READ_WORKERS, RUN_BYTES, SparkCacheStore, StoreLimits
+from sparkcache.store import (
+    PREFETCH_AHEAD_BYTES,
+    READ_AHEAD_BYTES,
+    READ_WORKERS,
+    SparkCacheStore,
+    StoreLimits,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE_BYTES = 4 << 20  # one chunk of a large model's KV shard is MiBs; keep pages that size
@@ -82,35 +90,46 @@ def plain_read(paths: list[Path]) -> float:
     return time.perf_counter() - start
 
 
-def publish_snapshots(root: Path, total: int, block: bytes) -> list[list[str]]:
-    """`total` bytes of PAGE_BYTES pages holding `block`, 8 pages a snapshot (one segment each);
-    their chunk keys."""
+PAGES_PER_PUBLICATION = 8
+
+
+def publish_snapshots(root: Path, total: int, block: bytes, conversation: bool) -> list[list[str]]:
+    """Publish `total` bytes of PAGE_BYTES pages holding `block`, PAGES_PER_PUBLICATION new
+    pages (one segment) a publication; returns the restores to make, one key list each.
+
+    conversation: one prompt that grows by PAGES_PER_PUBLICATION chunks a turn, published
+    after every turn, restored whole by one request (a long context resumed after a
+    restart). Otherwise: unrelated prompts of PAGES_PER_PUBLICATION chunks, one request each.
+    """
     store = SparkCacheStore(root, IDENTITY, StoreLimits(reserve_bytes=0), writer=True)
-    per_snapshot = 8
     rng = random.Random(5)
     layout = (LayerLayout("kv", "uint8", (PAGE_BYTES,), PAGE_BYTES),)
-    snapshots = [chunk_keys([rng.randrange(1 << 30) for _ in range(256 * per_snapshot)])]
-    while len(snapshots) * per_snapshot < total // PAGE_BYTES:
-        snapshots.append(chunk_keys([rng.randrange(1 << 30) for _ in range(256 * per_snapshot)]))
-    for keys in snapshots:
-        pages = {k: Page(k, store.digest, layout, block) for k in keys}
+    turn = 256 * PAGES_PER_PUBLICATION
+    turns = max(1, total // PAGE_BYTES // PAGES_PER_PUBLICATION)
+    if conversation:
+        tokens = [rng.randrange(1 << 30) for _ in range(turn * turns)]
+        publications = [chunk_keys(tokens[: turn * (t + 1)]) for t in range(turns)]
+    else:
+        publications = [chunk_keys([rng.randrange(1 << 30) for _ in range(turn)]) for _ in range(turns)]
+    for keys in publications:
+        pages = {k: Page(k, store.digest, layout, block) for k in store.missing(keys)}
         assert store.publish(keys, len(keys) * 256, pages).status == "published"
     store.close()
-    return snapshots
+    return publications[-1:] if conversation else publications
 
 
-def store_publish_restore(root: Path, total: int, block: bytes) -> dict[str, float]:
+def store_publish_restore(root: Path, total: int, block: bytes, conversation: bool) -> dict[str, float]:
     start = time.perf_counter()
-    snapshots = publish_snapshots(root, total, block)
+    restores = publish_snapshots(root, total, block, conversation)
     publish_s = time.perf_counter() - start
     files = sorted(root.rglob("*.seg"))
-    for page in files:
-        drop_cached(page)
+    for segment in files:
+        drop_cached(segment)
     cpu, start = time.process_time(), time.perf_counter()
     fresh = SparkCacheStore(root, IDENTITY, StoreLimits(reserve_bytes=0), writer=True)  # discovery included
     discover_s = time.perf_counter() - start
     restored = 0
-    for keys in snapshots:
+    for keys in restores:
         for page in fresh.read_pages(keys):
             if isinstance(page, PageError):
                 raise page
@@ -142,15 +161,25 @@ def sha256_MBps(threads: int) -> float:
 def disk_round(base: Path, total: int, block: bytes, raw_first: bool) -> dict[str, float]:
     work = Path(tempfile.mkdtemp(prefix="sparkcache-bench-", dir=base))
     load = os.getloadavg()[0]
+
+    def raw() -> tuple[float, float, float]:
+        times = raw_write_read(work / "raw.bin", total, block)
+        (work / "raw.bin").unlink()
+        return times
+
+    def stores() -> tuple[dict[str, float], dict[str, float]]:
+        return (
+            store_publish_restore(work / "conversation", total, block, conversation=True),
+            store_publish_restore(work / "independent", total, block, conversation=False),
+        )
+
     try:
-        raw_path = work / "raw.bin"
         if raw_first:
-            raw_write_s, raw_read_s, raw_cpu_s = raw_write_read(raw_path, total, block)
-            raw_path.unlink()
-            store = store_publish_restore(work / "store", total, block)
+            raw_write_s, raw_read_s, raw_cpu_s = raw()
+            store, independent = stores()
         else:
-            store = store_publish_restore(work / "store", total, block)
-            raw_write_s, raw_read_s, raw_cpu_s = raw_write_read(raw_path, total, block)
+            store, independent = stores()
+            raw_write_s, raw_read_s, raw_cpu_s = raw()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     mb = total / 1e6
@@ -163,8 +192,11 @@ def disk_round(base: Path, total: int, block: bytes, raw_first: bool) -> dict[st
         "discovery_s": store["discovery_s"],
         "raw_read_cpu_s_per_GB": raw_cpu_s / (total / 1e9),
         "restore_cpu_s_per_GB": store["restore_cpu_s"] / (store["bytes"] / 1e9),
+        "independent_publish_MBps": independent["bytes"] / 1e6 / independent["publish_s"],
+        "independent_restore_MBps": independent["bytes"] / 1e6 / independent["restore_s"],
     }
     row["restore_ratio_vs_raw_read"] = row["restore_MBps"] / row["raw_read_MBps"]
+    row["independent_restore_ratio_vs_raw_read"] = row["independent_restore_MBps"] / row["raw_read_MBps"]
     row["loadavg_1m_before"] = load
     row["loadavg_1m_after"] = os.getloadavg()[0]
     return row
@@ -188,18 +220,29 @@ def disk_bench(base: Path, mib: int, rounds: int) -> dict[str, object]:
         f"sha256_{READ_WORKERS}_threads_MBps": round(sha256_MBps(READ_WORKERS), 1),
         "read_workers": READ_WORKERS,
         "read_ahead_bytes": READ_AHEAD_BYTES,
-        "run_bytes": RUN_BYTES,
+        "prefetch_ahead_bytes": PREFETCH_AHEAD_BYTES,
         "read_piece_bytes": READ_PIECE_BYTES,
+        "pages_per_publication": PAGES_PER_PUBLICATION,
+        "restore": (
+            "one long context resumed after a restart: a prompt grown by pages_per_publication "
+            "chunks a turn and published after every turn (one segment a turn), then restored whole "
+            "by one request in a new store process view"
+        ),
+        "independent": (
+            "unrelated prompts of pages_per_publication chunks, published one each and restored "
+            "one request each (every request starts on a cold segment)"
+        ),
         "restore_includes": (
-            "discovery from manifests + read + sha256 of every page: the pages of a restore are cut "
-            "into runs of one segment (at most run_bytes, and at most 1/read_workers of the restore); "
-            "read_workers threads each read a run front to back in read_piece_bytes pieces, hashing "
-            "each piece as it lands, within read_ahead_bytes of pages not yet handed over"
+            "discovery from manifests + read + sha256 of every page: read_workers threads each read "
+            "and hash a page in read_piece_bytes pieces, hashing each piece as it lands, within "
+            "read_ahead_bytes of pages not yet handed over; a prefetch thread streams the request's "
+            "segments into the page cache (sendfile to /dev/null) up to prefetch_ahead_bytes ahead"
         ),
         "raw_read": "one file, one thread, 4 MiB read() calls",
         "cpu_s_per_GB": "process CPU seconds (all threads) per GB read: what a loaded machine must find",
         "publish_ratio_vs_raw_write": round(med["publish_MBps"] / med["raw_write_MBps"], 3),
         "restore_ratio_vs_raw_read": round(med["restore_ratio_vs_raw_read"], 3),
+        "independent_restore_ratio_vs_raw_read": round(med["independent_restore_ratio_vs_raw_read"], 3),
         "restore_ratio_vs_plain_read_of_segment_files": round(
             med["restore_MBps"] / med["segment_files_plain_read_MBps"], 3
         ),

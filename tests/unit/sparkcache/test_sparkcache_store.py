@@ -14,7 +14,8 @@ import pytest
 from sparkcache import store as store_module
 from sparkcache.chunks import chunk_keys
 from sparkcache.identity import CacheIdentity
-from sparkcache.pages import LayerLayout, Page, PageError
+from sparkcache.pages import LayerLayout, Page, PageBuffers, PageError
+from sparkcache.prefetch import Prefetcher, extents_of
 from sparkcache.store import IdentityMismatch, SparkCacheStore, StoreBusy, StoreLimits
 
 REPO = Path(__file__).resolve().parents[3]
@@ -143,27 +144,18 @@ def publish_distinct(store: SparkCacheStore, seed: int, chunks: int, nbytes: int
     return keys
 
 
-@pytest.mark.parametrize(("ahead_pages", "run_pages"), [(1, 1), (3, 2), (100, 4), (100, 100)])
+@pytest.mark.parametrize(("ahead_pages", "prefetch_pages"), [(1, 0), (3, 2), (100, 100)])
 def test_read_pages_yields_every_page_in_order(
-    store: SparkCacheStore, monkeypatch: pytest.MonkeyPatch, ahead_pages: int, run_pages: int
+    store: SparkCacheStore, monkeypatch: pytest.MonkeyPatch, ahead_pages: int, prefetch_pages: int
 ) -> None:
     monkeypatch.setattr(store_module, "READ_AHEAD_BYTES", ahead_pages * 4200)
-    monkeypatch.setattr(store_module, "RUN_BYTES", run_pages * 4200)
+    monkeypatch.setattr(store_module, "PREFETCH_AHEAD_BYTES", prefetch_pages * 4200)
     keys = publish_distinct(store, 50, 9)
     fresh = reopen(store)
     got = list(fresh.read_pages(keys))
     assert [p.key for p in got] == keys
     assert [bytes(p.payload) for p in got] == [bytes([i]) * 4096 for i in range(9)]
     fresh.close()
-
-
-def test_runs_are_consecutive_pages_of_one_segment_within_the_run_size() -> None:
-    def rec(segment: str, nbytes: int = 10) -> store_module.PageRecord:
-        return store_module.PageRecord("0" * 64, nbytes, segment, 0)
-
-    records = [rec("a"), rec("a"), rec("a"), rec("b"), None, rec("b"), rec("a", 100), rec("a")]
-    assert store_module.runs_of(records, run_bytes=20) == [[0, 1], [2], [3], [4], [5], [6], [7]]
-    assert store_module.runs_of(records, run_bytes=1000) == [[0, 1, 2], [3], [4], [5], [6, 7]]
 
 
 def test_read_pages_across_segments_and_an_unpublished_page(store: SparkCacheStore) -> None:
@@ -202,7 +194,9 @@ def test_read_pages_closed_early_leaves_no_reader_thread(store: SparkCacheStore)
     first = next(pages)
     pages.close()  # the connector stops at the first bad page
     assert bytes(first.payload[:1]) == b"\x00"
-    assert not [t for t in threading.enumerate() if t.name.startswith("sparkcache-read")]
+    assert not [
+        t for t in threading.enumerate() if t.name.startswith(("sparkcache-read", "sparkcache-prefetch"))
+    ]
     fresh.close()
 
 
@@ -333,3 +327,47 @@ def test_disk_full_skips_publication_and_keeps_serving(
         assert bytes(store.read_page(small[0]).payload) == bytes([7]) * 1000  # serving goes on
     finally:
         store.close()
+
+
+def test_page_buffers_are_reused_only_when_no_view_of_them_lives() -> None:
+    buffers = PageBuffers(keep_bytes=1 << 20)
+    first = buffers.take(100)
+    view = memoryview(first)[10:]  # what a yielded page's payload is
+    first_id = id(first)
+    del first
+    second = buffers.take(100)
+    assert id(second) != first_id  # the first is still seen through `view`: never handed out
+    second_id = id(second)
+    del second
+    assert id(buffers.take(100)) == second_id  # nothing holds the second any more: reused
+    del view
+    assert id(buffers.take(100)) == first_id  # nor the first, now
+    assert len(buffers.take(200)) == 200  # another size: a buffer of that size
+
+
+def test_extents_merge_neighbouring_pages_of_one_file() -> None:
+    a, b = Path("a.seg"), Path("b.seg")
+    records = [(a, 0, 10), (a, 10, 5), None, (a, 20, 5), (b, 0, 3), (b, 3, 3)]
+    assert extents_of(records) == [(a, 0, 15), (a, 20, 5), (b, 0, 6)]
+
+
+def prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "sparkcache-prefetch"]
+
+
+def test_prefetcher_waits_for_the_consumer_and_stops_when_closed(tmp_path: Path) -> None:
+    big = tmp_path / "big.seg"
+    big.write_bytes(bytes(8 << 20))
+    started = time.monotonic()
+    with Prefetcher([(big, 0, 8 << 20)], ahead=0):
+        time.sleep(0.2)  # the consumer takes nothing: the prefetcher waits for room
+        assert prefetch_threads()
+    assert time.monotonic() - started < 10 and not prefetch_threads()
+
+
+def test_prefetcher_stops_quietly_at_a_missing_segment(tmp_path: Path) -> None:
+    with Prefetcher([(tmp_path / "gone.seg", 0, 100)], ahead=1 << 20):
+        deadline = time.monotonic() + 10
+        while prefetch_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not prefetch_threads()  # ended on its own; the readers report the missing file
