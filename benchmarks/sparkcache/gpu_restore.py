@@ -6,7 +6,8 @@ Verified pages go to the GPU two ways, over the same bytes in the same run:
 - plain: each page's own (pageable) buffer is copied to the GPU directly; the driver then
   bounces it through its own staging buffer and the copy blocks the CPU.
 Each is measured twice: from host memory (the copy alone) and from disk (a cold restore:
-read + sha256 + copy, page cache dropped with posix_fadvise(DONTNEED) before each round).
+read + sha256 + copy, page cache dropped with posix_fadvise(DONTNEED) before each round), of
+one long context published turn by turn and restored by one request, as in run.py.
 
     PYTHONPATH=. python3 benchmarks/sparkcache/gpu_restore.py --out OUT.json [--mib 512]
 
@@ -145,7 +146,7 @@ def bench(base: Path, mib: int, rounds: int) -> dict[str, object]:
     disk: dict[str, list[float]] = {"pinned": [], "plain": []}
     work = Path(tempfile.mkdtemp(prefix="sparkcache-gpu-", dir=base))
     try:
-        snapshots = run.publish_snapshots(work, total, block, conversation=False)
+        snapshots = run.publish_snapshots(work, total, block, conversation=True)
         store = SparkCacheStore(work, run.IDENTITY, StoreLimits(reserve_bytes=0), writer=False)
         for copy in copies.values():
             from_memory(copy)  # warm-up: CUDA context, the driver's staging buffers
