@@ -29,7 +29,7 @@ description:
     (CRC, frame, errors, drops, carrier changes) are read before and after the traffic; any
     increase fails the edge.
   - A failed check is a verdict, not a module failure. The module fails only on
-    arguments it cannot use. Link facts are read through C(module_utils/sparkring_netlink),
+    arguments it cannot use. Link facts are read through C(module_utils/sparkring_link_facts),
     shared with preflight.
 version_added: "0.1.0"
 author: SparkRing
@@ -208,7 +208,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sparkring_netlink import (
+from ansible.module_utils.sparkring_link_facts import (
     SYSFS,
     Beacon,
     Link,

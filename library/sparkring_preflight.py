@@ -19,7 +19,7 @@ description:
   - It changes nothing on the node. A failed check is a result, not a module failure; the
     caller (the C(preflight) role) decides to fail the play. The module fails only on
     arguments it cannot use.
-  - Link facts are read through C(module_utils/sparkring_netlink), shared with cable
+  - Link facts are read through C(module_utils/sparkring_link_facts), shared with cable
     qualification.
 version_added: "0.1.0"
 author: SparkRing
@@ -184,7 +184,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sparkring_netlink import (
+from ansible.module_utils.sparkring_link_facts import (
     SYSFS,
     Gid,
     Link,

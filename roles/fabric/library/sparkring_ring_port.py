@@ -90,7 +90,7 @@ import os
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sparkring_netlink import ipv4_addresses
+from ansible.module_utils.sparkring_link_facts import ipv4_addresses
 
 PROC_SYS = "/proc/sys"
 

@@ -78,7 +78,7 @@ class CommandScript:
 def run_case(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     """Run one case; returns (exit code, result dict, commands left unrun)."""
     cable = load_cable_module()
-    netlink = sys.modules["ansible.module_utils.sparkring_netlink"]
+    link_facts = sys.modules["ansible.module_utils.sparkring_link_facts"]
 
     def _run(case: dict[str, Any]) -> tuple[int, dict[str, Any], list]:
         case = _substitute(case, tmp_path)
@@ -92,8 +92,8 @@ def run_case(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.Cap
         def exchange(interface: str, identity: dict, _timeout: float, announce=None) -> Any:
             beacons.append((interface, identity))
             if heard is None:
-                return netlink.Beacon(None, False, "nothing heard within 10 s")
-            return netlink.Beacon(heard, True, None)
+                return link_facts.Beacon(None, False, "nothing heard within 10 s")
+            return link_facts.Beacon(heard, True, None)
 
         monkeypatch.setattr(cable, "SYSFS", str(sysfs))
         monkeypatch.setattr(cable, "exchange_beacons", exchange)

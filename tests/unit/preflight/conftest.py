@@ -27,8 +27,8 @@ def _load_library(name: str) -> ModuleType:
 
 
 @pytest.fixture(scope="session")
-def netlink() -> ModuleType:
-    import ansible.module_utils.sparkring_netlink as module
+def link_facts() -> ModuleType:
+    import ansible.module_utils.sparkring_link_facts as module
 
     return module
 

@@ -39,22 +39,22 @@ def _assert_fail_names(result, check_id, subject=EDGE):
     assert result.fix, "a failed check must say how to fix it"
 
 
-def test_healthy_link_passes(preflight, netlink):
-    link = netlink.Link("ring1", True, "up", True, 9000, 10000)
+def test_healthy_link_passes(preflight, link_facts):
+    link = link_facts.Link("ring1", True, "up", True, 9000, 10000)
     results = _by_id(preflight.judge_link(1, PORT, link, 9000, 10000))
     assert {r.status for r in results.values()} == {"pass"}
     assert results["PF-LINK-MTU"].subject == EDGE
 
 
-def test_mtu_1500_fails_naming_the_edge(preflight, netlink):
-    link = netlink.Link("ring1", True, "up", True, 1500, 10000)
+def test_mtu_1500_fails_naming_the_edge(preflight, link_facts):
+    link = link_facts.Link("ring1", True, "up", True, 1500, 10000)
     result = _by_id(preflight.judge_link(1, PORT, link, 9000, 10000))["PF-LINK-MTU"]
     _assert_fail_names(result, "PF-LINK-MTU")
     assert "MTU 1500; expected 9000" in result.detail and "r1-r2" in result.detail
 
 
-def test_down_link_fails_up_but_still_reports_mtu(preflight, netlink):
-    link = netlink.Link("ring1", True, "lowerlayerdown", False, 9000, None)
+def test_down_link_fails_up_but_still_reports_mtu(preflight, link_facts):
+    link = link_facts.Link("ring1", True, "lowerlayerdown", False, 9000, None)
     results = _by_id(preflight.judge_link(1, PORT, link, 9000, 10000))
     _assert_fail_names(results["PF-LINK-UP"], "PF-LINK-UP")
     assert results["PF-LINK-MTU"].status == "pass"
@@ -62,8 +62,8 @@ def test_down_link_fails_up_but_still_reports_mtu(preflight, netlink):
     assert "unknown" in results["PF-LINK-SPEED"].detail
 
 
-def test_missing_interface_fails_once_and_skips_the_rest(preflight, netlink):
-    results = preflight.judge_link(1, PORT, netlink.Link("ring1", False), 9000, 10000)
+def test_missing_interface_fails_once_and_skips_the_rest(preflight, link_facts):
+    results = preflight.judge_link(1, PORT, link_facts.Link("ring1", False), 9000, 10000)
     assert [(r.id, r.status) for r in results] == [
         ("PF-LINK-UP", "fail"),
         ("PF-LINK-MTU", "skip"),
@@ -75,8 +75,8 @@ def test_missing_interface_fails_once_and_skips_the_rest(preflight, netlink):
     ("speed", "wanted", "status"),
     [(200000, 200000, "pass"), (100000, 200000, "fail"), (10000, None, "skip")],
 )
-def test_link_speed(preflight, netlink, speed, wanted, status):
-    link = netlink.Link("ring1", True, "up", True, 9000, speed)
+def test_link_speed(preflight, link_facts, speed, wanted, status):
+    link = link_facts.Link("ring1", True, "up", True, 9000, speed)
     assert _by_id(preflight.judge_link(1, PORT, link, 9000, wanted))["PF-LINK-SPEED"].status == status
 
 
@@ -98,11 +98,11 @@ def test_exact_address(preflight, configured, status):
         assert "expected exactly 198.19.1.1/24" in result.detail
 
 
-def test_jumbo_ping(preflight, netlink):
-    ok = preflight.judge_jumbo(1, PORT, 9000, netlink.PingResult(2, 2, None))
+def test_jumbo_ping(preflight, link_facts):
+    ok = preflight.judge_jumbo(1, PORT, 9000, link_facts.PingResult(2, 2, None))
     assert ok.status == "pass" and "8972 B" in ok.detail
     lost = preflight.judge_jumbo(
-        1, PORT, 9000, netlink.PingResult(2, 0, "local error: message too long, mtu=1500")
+        1, PORT, 9000, link_facts.PingResult(2, 0, "local error: message too long, mtu=1500")
     )
     _assert_fail_names(lost, "PF-JUMBO-PING")
     assert "message too long" in lost.detail
@@ -115,16 +115,16 @@ def test_non_neighbor(preflight):
     assert "ip_forward" in reached.fix
 
 
-def test_management(preflight, netlink):
+def test_management(preflight, link_facts):
     mgmt = {"interface": "mgmt0", "address": "198.19.254.11", "prefix": 24}
-    up = netlink.Link("mgmt0", True, "up", True, 1500, 10000)
+    up = link_facts.Link("mgmt0", True, "up", True, 1500, 10000)
     good = [ipaddress.IPv4Interface("198.19.254.11/24")]
     assert preflight.judge_management(1, mgmt, up, good).status == "pass"
     wrong = preflight.judge_management(1, mgmt, up, [ipaddress.IPv4Interface("198.19.254.12/24")])
     _assert_fail_names(wrong, "PF-MGMT-ADDR", "r1 mgmt0")
-    down = netlink.Link("mgmt0", True, "down", False, 1500, None)
+    down = link_facts.Link("mgmt0", True, "down", False, 1500, None)
     assert preflight.judge_management(1, mgmt, down, good).status == "fail"
-    assert preflight.judge_management(1, mgmt, netlink.Link("mgmt0", False), []).status == "fail"
+    assert preflight.judge_management(1, mgmt, link_facts.Link("mgmt0", False), []).status == "fail"
 
 
 def test_hostname(preflight):
@@ -148,10 +148,10 @@ def test_disk_and_ports(preflight):
     assert preflight.judge_port_free(8000, "tcp", "", [], []).status == "fail"
 
 
-def test_rdma_skips_on_tcp_and_fails_without_device_on_verbs(preflight, netlink, tmp_path):
+def test_rdma_skips_on_tcp_and_fails_without_device_on_verbs(preflight, link_facts, tmp_path):
     skip = preflight.judge_rdma_port(1, PORT, "tcp", [], None)
     assert skip.status == "skip" and "fabric tcp" in skip.detail
-    missing = netlink.read_rdma_port("rocep1s0f1", 1, str(tmp_path))
+    missing = link_facts.read_rdma_port("rocep1s0f1", 1, str(tmp_path))
     _assert_fail_names(preflight.judge_rdma_port(1, PORT, "verbs", [], missing), "PF-RDMA-PORT")
     no_device = dict(PORT, rdma_device=None, rdma_port=None)
     _assert_fail_names(preflight.judge_rdma_port(1, no_device, "verbs", [], None), "PF-RDMA-PORT")

@@ -1,4 +1,4 @@
-"""module_utils/sparkring_netlink: parsers on captured tool output, sysfs readers on real and built trees."""
+"""module_utils/sparkring_link_facts: parsers on captured tool output, sysfs readers on real and built trees."""
 
 from __future__ import annotations
 
@@ -35,17 +35,17 @@ PING_HOST_UNREACHABLE = (
 )
 
 
-def test_ipv4_addresses_keep_inet_only(netlink):
-    parsed = netlink.parse_ipv4_addresses(IP_ADDR_RING0)
+def test_ipv4_addresses_keep_inet_only(link_facts):
+    parsed = link_facts.parse_ipv4_addresses(IP_ADDR_RING0)
     assert parsed == {"ring0": [ipaddress.IPv4Interface("198.19.0.1/24")], "ring1": []}
 
 
-def test_ipv4_addresses_reject_garbage(netlink):
-    with pytest.raises(netlink.LinkFactError, match="invalid JSON"):
-        netlink.parse_ipv4_addresses("Device does not exist")
+def test_ipv4_addresses_reject_garbage(link_facts):
+    with pytest.raises(link_facts.LinkFactError, match="invalid JSON"):
+        link_facts.parse_ipv4_addresses("Device does not exist")
 
 
-def test_ipv4_addresses_of_loopback_via_real_ip(netlink):
+def test_ipv4_addresses_of_loopback_via_real_ip(link_facts):
     """The real `ip` binary here: lo carries 127.0.0.1/8."""
     import subprocess
 
@@ -53,17 +53,17 @@ def test_ipv4_addresses_of_loopback_via_real_ip(netlink):
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         return done.returncode, done.stdout, done.stderr
 
-    assert ipaddress.IPv4Interface("127.0.0.1/8") in netlink.ipv4_addresses(run, "lo")
-    with pytest.raises(netlink.LinkFactError, match="does not exist"):
-        netlink.ipv4_addresses(run, "pf-no-such0")
+    assert ipaddress.IPv4Interface("127.0.0.1/8") in link_facts.ipv4_addresses(run, "lo")
+    with pytest.raises(link_facts.LinkFactError, match="does not exist"):
+        link_facts.ipv4_addresses(run, "pf-no-such0")
 
 
-def test_route_get(netlink):
-    route = netlink.parse_route_get(
+def test_route_get(link_facts):
+    route = link_facts.parse_route_get(
         '[{"dst":"198.19.0.2","dev":"ring0","prefsrc":"198.19.0.1","flags":[],"uid":0,"cache":[]}]'
     )
-    assert route == netlink.Route(destination="198.19.0.2", dev="ring0", gateway=None, type="unicast")
-    assert netlink.parse_route_get("[]") is None
+    assert route == link_facts.Route(destination="198.19.0.2", dev="ring0", gateway=None, type="unicast")
+    assert link_facts.parse_route_get("[]") is None
 
 
 @pytest.mark.parametrize(
@@ -90,39 +90,39 @@ def test_route_get(netlink):
         (1, PING_TOO_LONG_OUT.replace(", +1 errors", ""), "", 0, "no reply (ping exit 1)"),
     ],
 )
-def test_parse_ping(netlink, rc, out, err, received, error):
-    result = netlink.parse_ping(rc, out, err)
+def test_parse_ping(link_facts, rc, out, err, received, error):
+    result = link_facts.parse_ping(rc, out, err)
     assert (result.received, result.error, result.answered) == (received, error, received > 0)
 
 
-def test_ping_builds_a_bound_df_probe(netlink):
+def test_ping_builds_a_bound_df_probe(link_facts):
     seen = []
 
     def run(argv):
         seen.append(argv)
         return 0, PING_OK, ""
 
-    result = netlink.ping(
+    result = link_facts.ping(
         run, "198.19.0.2", interface="ring0", payload_bytes=8972, dont_fragment=True, count=2, timeout_s=2
     )
     assert result.answered
     assert [" ".join(argv) for argv in seen] == ["ping -n -c 2 -W 2 -I ring0 -i 0.2 -s 8972 -M do 198.19.0.2"]
 
 
-def test_ping_refuses_what_is_not_an_address_or_device(netlink):
+def test_ping_refuses_what_is_not_an_address_or_device(link_facts):
     with pytest.raises(ValueError):
-        netlink.ping(lambda argv: (0, "", ""), "198.19.0.2; reboot", interface="ring0")
+        link_facts.ping(lambda argv: (0, "", ""), "198.19.0.2; reboot", interface="ring0")
     with pytest.raises(ValueError):
-        netlink.ping(lambda argv: (0, "", ""), "198.19.0.2", interface="../ring0")
+        link_facts.ping(lambda argv: (0, "", ""), "198.19.0.2", interface="../ring0")
 
 
-def test_jumbo_payload(netlink):
-    assert netlink.jumbo_payload(9000) == 8972
-    assert netlink.jumbo_payload(1500) == 1472
+def test_jumbo_payload(link_facts):
+    assert link_facts.jumbo_payload(9000) == 8972
+    assert link_facts.jumbo_payload(1500) == 1472
 
 
-def test_read_link_on_real_loopback(netlink):
-    link = netlink.read_link("lo")
+def test_read_link_on_real_loopback(link_facts):
+    link = link_facts.read_link("lo")
     assert link.exists and link.mtu == 65536 and link.operstate == "unknown"
 
 
@@ -143,15 +143,15 @@ def _net(tmp_path: Path, name: str, **attrs: str) -> str:
         ({"operstate": "lowerlayerdown", "carrier": "0", "mtu": "1500", "speed": "-1"}, False, 1500, None),
     ],
 )
-def test_read_link_from_sysfs(netlink, tmp_path, attrs, up, mtu, speed):
-    link = netlink.read_link("ring0", _net(tmp_path, "ring0", **attrs))
+def test_read_link_from_sysfs(link_facts, tmp_path, attrs, up, mtu, speed):
+    link = link_facts.read_link("ring0", _net(tmp_path, "ring0", **attrs))
     assert (link.exists, link.up, link.mtu, link.speed_mbps) == (True, up, mtu, speed)
 
 
-def test_read_link_missing_and_unsafe(netlink, tmp_path):
-    assert netlink.read_link("ring9", str(tmp_path)) == netlink.Link(interface="ring9", exists=False)
+def test_read_link_missing_and_unsafe(link_facts, tmp_path):
+    assert link_facts.read_link("ring9", str(tmp_path)) == link_facts.Link(interface="ring9", exists=False)
     with pytest.raises(ValueError):
-        netlink.read_link("..", str(tmp_path))
+        link_facts.read_link("..", str(tmp_path))
 
 
 def _rdma(
@@ -181,26 +181,26 @@ SPARK_GIDS = {
 }
 
 
-def test_ipv4_mapped_gid(netlink):
-    assert netlink.ipv4_mapped_gid("198.19.0.1") == ipaddress.IPv6Address("::ffff:c613:1")
+def test_ipv4_mapped_gid(link_facts):
+    assert link_facts.ipv4_mapped_gid("198.19.0.1") == ipaddress.IPv6Address("::ffff:c613:1")
 
 
-def test_gid_table_and_auto_resolution(netlink, tmp_path):
+def test_gid_table_and_auto_resolution(link_facts, tmp_path):
     sysfs = _rdma(tmp_path, SPARK_GIDS)
-    assert [gid.index for gid in netlink.read_gids("rocep1s0f0", 1, sysfs)] == [0, 1, 2, 3]
-    assert netlink.read_gid("rocep1s0f0", 1, 5, sysfs) is None  # empty entry
-    found = netlink.find_roce_v2_gid("rocep1s0f0", 1, "198.19.0.1", sysfs)
+    assert [gid.index for gid in link_facts.read_gids("rocep1s0f0", 1, sysfs)] == [0, 1, 2, 3]
+    assert link_facts.read_gid("rocep1s0f0", 1, 5, sysfs) is None  # empty entry
+    found = link_facts.find_roce_v2_gid("rocep1s0f0", 1, "198.19.0.1", sysfs)
     assert (found.index, found.type, found.netdev) == (3, "RoCE v2", "enp1s0f0np0")
-    assert netlink.find_roce_v2_gid("rocep1s0f0", 1, "198.19.0.9", sysfs) is None
+    assert link_facts.find_roce_v2_gid("rocep1s0f0", 1, "198.19.0.9", sysfs) is None
 
 
-def test_rdma_port_state(netlink, tmp_path):
+def test_rdma_port_state(link_facts, tmp_path):
     sysfs = _rdma(tmp_path, SPARK_GIDS, state="1: DOWN")
-    port = netlink.read_rdma_port("rocep1s0f0", 1, sysfs)
+    port = link_facts.read_rdma_port("rocep1s0f0", 1, sysfs)
     assert (port.exists, port.active, port.state, port.phys_state) == (True, False, "DOWN", "LinkUp")
-    assert not netlink.read_rdma_port("rocep1s0f0", 2, sysfs).exists
-    assert netlink.rdma_devices(sysfs) == ["rocep1s0f0"]
-    assert netlink.rdma_devices(str(tmp_path / "none")) == []
+    assert not link_facts.read_rdma_port("rocep1s0f0", 2, sysfs).exists
+    assert link_facts.rdma_devices(sysfs) == ["rocep1s0f0"]
+    assert link_facts.rdma_devices(str(tmp_path / "none")) == []
 
 
 def test_module_utils_is_stdlib_only():
@@ -208,7 +208,7 @@ def test_module_utils_is_stdlib_only():
     import ast
     import sys
 
-    source = Path(__file__).resolve().parents[3] / "module_utils" / "sparkring_netlink.py"
+    source = Path(__file__).resolve().parents[3] / "module_utils" / "sparkring_link_facts.py"
     tree = ast.parse(source.read_text())
     names = {
         alias.name.split(".")[0]
