@@ -1,0 +1,84 @@
+"""What every benchmark results file records about the run that produced it.
+
+A figure is only worth what anyone can tell about how it was made: the command line that ran,
+the commit it ran on (and whether the tree had uncommitted changes), how many cores the
+machine had and how loaded it was, and when (UTC). Every script under benchmarks/ takes
+``start = RunProvenance.capture()`` before it measures and writes ``start.finish()`` under the
+``provenance`` key of its results; ``load_average()`` is the same reading for a single round.
+Standard library only; a checkout without git is refused (a figure must name its commit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_average() -> dict[str, float]:
+    """The 1, 5 and 15 minute load averages, rounded (the run queue the benchmark shared the cores with)."""
+    one, five, fifteen = os.getloadavg()
+    return {"1m": round(one, 2), "5m": round(five, 2), "15m": round(fifteen, 2)}
+
+
+def utc_now() -> str:
+    """The current UTC time, to the second, ISO 8601."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def git_commit(root: Path = ROOT) -> tuple[str, bool]:
+    """The checked-out commit and whether tracked files differ from it; refuses a tree without git."""
+
+    def git(*argv: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *argv], capture_output=True, text=True, check=False
+            )
+        except FileNotFoundError as error:
+            raise SystemExit(
+                f"git is not installed: a benchmark's results must name their commit ({error})"
+            ) from None
+        if done.returncode != 0:
+            raise SystemExit(
+                f"{root} is not a git checkout ({done.stderr.strip()}): run benchmarks from a clone so the "
+                "results name their commit"
+            )
+        return done.stdout.strip()
+
+    return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunProvenance:
+    """The facts about a benchmark run, taken when it starts; ``finish`` adds the end of it."""
+
+    command: str
+    git_commit: str
+    git_dirty: bool
+    cpu_cores: int
+    started_utc: str
+    load_avg_start: dict[str, float]
+
+    @classmethod
+    def capture(cls, argv: Sequence[str] | None = None) -> RunProvenance:
+        """Read the facts now; ``argv`` defaults to this process's own (interpreter and script included)."""
+        commit, dirty = git_commit()
+        return cls(
+            command=shlex.join([sys.executable, *(sys.argv if argv is None else argv)]),
+            git_commit=commit,
+            git_dirty=dirty,
+            cpu_cores=os.cpu_count() or 0,
+            started_utc=utc_now(),
+            load_avg_start=load_average(),
+        )
+
+    def finish(self) -> dict:
+        """The record for the results file: the start facts plus the end time and the load at the end."""
+        return {**dataclasses.asdict(self), "finished_utc": utc_now(), "load_avg_end": load_average()}

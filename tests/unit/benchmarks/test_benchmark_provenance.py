@@ -1,0 +1,53 @@
+"""benchmarks/provenance.py: the facts every results file carries, read from this checkout for real."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmarks.provenance import ROOT, RunProvenance, git_commit
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+
+@needs_git
+def test_capture_names_the_checked_out_commit_the_cores_and_the_command() -> None:
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    )
+    record = RunProvenance.capture(["benchmarks/x/run.py", "--out", "a b.json"]).finish()
+    assert record["git_commit"] == head.stdout.strip()
+    assert record["cpu_cores"] == os.cpu_count()
+    assert record["command"].endswith("benchmarks/x/run.py --out 'a b.json'")  # quoted as a shell would need
+    for key in ("started_utc", "finished_utc"):
+        assert datetime.datetime.fromisoformat(record[key]).utcoffset() == datetime.timedelta(0)
+    for key in ("load_avg_start", "load_avg_end"):
+        assert set(record[key]) == {"1m", "5m", "15m"}
+        assert all(value >= 0 for value in record[key].values())
+
+
+@needs_git
+def test_a_tracked_change_marks_the_tree_dirty(tmp_path: Path) -> None:
+    def git(*argv: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *argv], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "bench.py").write_text("one\n")
+    git("add", "bench.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    (tmp_path / "untracked.json").write_text("{}\n")  # results being written do not make the tree dirty
+    commit, dirty = git_commit(tmp_path)
+    assert len(commit) == 40 and not dirty
+    (tmp_path / "bench.py").write_text("two\n")
+    assert git_commit(tmp_path) == (commit, True)
+
+
+@needs_git
+def test_a_tree_without_git_is_refused_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"not a git checkout .*run benchmarks from a clone"):
+        git_commit(tmp_path)
