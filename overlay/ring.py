@@ -27,7 +27,7 @@ from typing import Any
 
 from transport import Communicator
 from transport.comm import DEFAULT_TCP_PORT
-from transport.topology import Port, RingSpec, cable_geometry
+from transport.topology import RingSpec, cable_geometry, from_hostvars
 
 RING_GROUPS = ("tp:", "dcp:")
 # Ranks reach a group's first collective minutes apart on a loaded node (model load, first
@@ -41,12 +41,14 @@ def ring_spec(group_rank: int, group_world: int) -> RingSpec | None:
     spec_file = os.environ.get("SPARKRING_RING_SPEC")
     if spec_file:
         doc = json.loads(Path(spec_file).read_text())
-        ports = tuple(
-            Port(int(p["cage"]), str(p["address"]), int(p["peer_rank"]), str(p["peer_address"]),
-                 p.get("rdma_device"), int(p.get("rdma_port") or 1), p.get("gid_index") or "auto")
-            for p in doc["ports"]
-        )  # fmt: skip
-        spec = RingSpec(int(doc["rank"]), int(doc["world"]), ports)
+        # ring.json holds the inventory's sparkring_ports as they are: one reader for both.
+        spec = from_hostvars(
+            {
+                "sparkring_rank": doc["rank"],
+                "sparkring_world_size": doc["world"],
+                "sparkring_ports": doc["ports"],
+            }
+        )
         if (spec.rank, spec.world) != (group_rank, group_world):
             raise ValueError(
                 f"{spec_file} says ring rank {spec.rank} of {spec.world}, but vLLM put this process at "

@@ -1,0 +1,50 @@
+"""The ring the overlay reads: the inventory -> the overlay role's ring.json -> the transport's ports.
+
+A RoCE GID index of 0 is a real index (the first GID of the port), not "unset": it must reach the
+transport as 0, not as "auto".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+from sparkring.cluster import Cluster
+from sparkring.hostvars import cluster_hostvars
+
+from overlay.ring import ring_spec
+
+ROOT = Path(__file__).resolve().parents[3]
+RING_TEMPLATE = ROOT / "roles" / "overlay" / "templates" / "ring.json.j2"
+EXAMPLE_RING4 = ROOT / "inventories" / "example" / "ring4" / "cluster.yml"
+
+
+def render_ring_json(hostvars: dict) -> str:
+    """The overlay role's template, rendered as Ansible renders it (to_json is json.dumps)."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["to_json"] = json.dumps
+    return env.from_string(RING_TEMPLATE.read_text()).render(**hostvars)
+
+
+@pytest.mark.parametrize("gid_index", [0, 3, "auto"])
+def test_gid_index_reaches_the_transport_as_the_inventory_says(
+    gid_index: int | str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = yaml.safe_load(EXAMPLE_RING4.read_text())
+    for rank in data["ranks"]:
+        for port in rank["ring_ports"]:
+            port["rdma"]["gid_index"] = gid_index
+    data.pop("plugin", None)
+    hostvars = cluster_hostvars(Cluster.model_validate(data))
+    for host, rank_vars in hostvars.items():
+        path = tmp_path / f"{host}-ring.json"
+        path.write_text(render_ring_json(rank_vars))
+        monkeypatch.setenv("SPARKRING_RING_SPEC", str(path))
+        spec = ring_spec(rank_vars["sparkring_rank"], rank_vars["sparkring_world_size"])
+        assert [port.gid_index for port in spec.ports] == [gid_index, gid_index]
+        assert [port.rdma_device for port in spec.ports] == [
+            port["rdma_device"] for port in rank_vars["sparkring_ports"]
+        ]
