@@ -193,6 +193,7 @@ from ansible.module_utils.sparkring_link_facts import (
     RdmaPort,
     Runner,
     find_roce_v2_gid,
+    gid_table_length,
     ipv4_addresses,
     ipv4_mapped_gid,
     jumbo_payload,
@@ -459,9 +460,17 @@ def judge_rdma_port(
 
 
 def judge_gid(
-    rank: int, port: dict[str, Any], fabric: str, gid: Gid | None, index: int | str | None
+    rank: int,
+    port: dict[str, Any],
+    fabric: str,
+    gid: Gid | None,
+    index: int | str | None,
+    table_length: int | None = None,
 ) -> Result:
-    """PF-RDMA-GID: the GID at the index is RoCE v2, the port's IPv4-mapped address, on its netdev."""
+    """PF-RDMA-GID: the GID at the index is RoCE v2, the port's IPv4-mapped address, on its netdev.
+
+    A fixed index must lie inside the port's GID table (its gid_tbl_len, where the node shows it).
+    """
     edge = edge_subject(rank, port)
     if fabric != "verbs":
         return skipped("PF-RDMA-GID", edge, f"fabric {fabric}: no RoCE GID expected")
@@ -471,6 +480,14 @@ def judge_gid(
         f"assign {port['address']} to {port['interface']} (the kernel then adds its RoCE v2 GID) and set "
         f"gid_index of ranks[{rank}] cage {port['cage']} to auto or to the index `show_gids` lists"
     )
+    if index != "auto" and index is not None and table_length is not None and int(index) >= table_length:
+        return failed(
+            "PF-RDMA-GID",
+            edge,
+            f"{name}: gid_index {index} is past the end of its GID table (gid_tbl_len {table_length}): "
+            f"expected 0-{table_length - 1} or auto",
+            fix,
+        )
     if gid is None:
         where = "no RoCE v2 entry" if index == "auto" else f"index {index} is empty"
         return failed("PF-RDMA-GID", edge, f"{name}: {where}; expected RoCE v2 GID {want}", fix)
@@ -756,13 +773,14 @@ class Preflight:
             out.append(judge_rdma_port(self.rank, port, fabric, devices, state))
             index = port.get("gid_index")
             gid = None
+            table_length = gid_table_length(device, number, self.sysfs) if usable else None
             if usable and index == "auto":
                 gid = find_roce_v2_gid(device, number, port["address"], self.sysfs)
             elif usable and index is not None:
                 gid = read_gid(device, number, int(index), self.sysfs)
             if gid is not None:
                 self.gid_indices[port["interface"]] = gid.index
-            out.append(judge_gid(self.rank, port, fabric, gid, index))
+            out.append(judge_gid(self.rank, port, fabric, gid, index, table_length))
         return out
 
     def _gpu(self) -> Result:

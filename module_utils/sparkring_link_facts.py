@@ -306,6 +306,18 @@ def read_gids(device: str, port: int, sysfs: str = SYSFS) -> list[Gid]:
     return sorted((gid for gid in entries if gid is not None), key=lambda gid: gid.index)
 
 
+def gid_table_length(device: str, port: int, sysfs: str = SYSFS) -> int | None:
+    """The port's gid_tbl_len: the kernel lists one gids/<index> entry per table slot, empty or not.
+
+    None when the port shows no GID table here (no such device or port).
+    """
+    try:
+        names = os.listdir(os.path.join(_rdma_port_dir(device, port, sysfs), "gids"))
+    except OSError:
+        return None
+    return sum(name.isdigit() for name in names)
+
+
 def find_roce_v2_gid(device: str, port: int, address: str, sysfs: str = SYSFS) -> Gid | None:
     """Resolve GID index "auto": the RoCE v2 entry equal to the port's IPv4-mapped address."""
     wanted = ipv4_mapped_gid(address)

@@ -33,6 +33,8 @@ PLUGIN_NAME = "sparkring_cluster"
 SCHEMA_VERSION = 1
 RING_MTU = 9000
 RING_PREFIX = 24
+# A RoCE port's GID table has at most 256 entries (the node reports its own gid_tbl_len).
+MAX_GID_INDEX = 255
 
 # ---------------------------------------------------------------------------------------------
 # Ring geometry: cable i joins rank i and rank (i + 1) % n.
@@ -222,9 +224,12 @@ def _management_subnet(value: object) -> ipaddress.IPv4Network:
 def _gid_index(value: object) -> int | str:
     if value == "auto" and isinstance(value, str):
         return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_GID_INDEX:
         return value
-    raise _invalid(f'{_show(value)}: expected "auto" or a RoCE v2 GID index (an integer >= 0)')
+    raise _invalid(
+        f'{_show(value)}: expected "auto" or a RoCE v2 GID index 0-{MAX_GID_INDEX} '
+        f"(a RoCE GID table has at most {MAX_GID_INDEX + 1} entries)"
+    )
 
 
 Name = Annotated[
@@ -328,7 +333,7 @@ class Edge(_Strict):
 class Rdma(_Strict):
     device: RdmaDevice = Field(description="the RDMA device of this port, such as rocep1s0f0")
     port: Annotated[int, Field(ge=1, le=255)] = Field(description="the RDMA device port (>= 1)")
-    gid_index: GidIndex = Field(description='the RoCE v2 GID index (an integer >= 0) or "auto"')
+    gid_index: GidIndex = Field(description='the RoCE v2 GID index (0-255) or "auto"')
 
 
 class RingPort(_Strict):
@@ -750,8 +755,46 @@ def validate_cluster(data: object) -> Cluster:
     return cluster
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+# cluster.yml is small and written out in full. What it never needs is refused while the file is
+# composed, before anything is built from it: anchors and aliases (a 1 KB "billion laughs" file
+# expands into billions of nodes), nesting deeper than any schema level, and files larger than any
+# real ring's inventory (a 64-rank ring is about 50 KB).
+MAX_FILE_BYTES = 256 * 1024
+MAX_DEPTH = 16
+
+
+class _ClusterLoader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors, aliases, deep nesting and duplicate keys, at their line.
+
+    PyYAML would expand aliases and silently keep the last of two equal keys.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            shown = ("*" if isinstance(event, yaml.AliasEvent) else "&") + str(event.anchor)
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"anchors and aliases are not allowed in cluster.yml (found {shown}): write each value out",
+                event.start_mark,
+            )
+        if self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"nested deeper than {MAX_DEPTH} levels: cluster.yml needs far fewer",
+                event.start_mark,
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[object, int] = {}
@@ -775,10 +818,21 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def load_cluster_file(path: str | Path) -> Cluster:
     """Read and validate a cluster.yml; problems name the file position or the field path."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: safe
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise ClusterValidationError(
+                [
+                    Problem(
+                        str(path), f"larger than {MAX_FILE_BYTES // 1024} KiB: expected a cluster inventory"
+                    )
+                ]
+            )
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ClusterValidationError([Problem(str(path), f"cannot read: {error}")]) from None
+    try:
+        data = yaml.load(text, Loader=_ClusterLoader)  # a SafeLoader subclass: safe
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

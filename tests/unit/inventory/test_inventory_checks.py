@@ -251,9 +251,19 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         },
         [
             "ranks[0].ring_ports[0].rdma.port: expected a value >= 1, got 0",
-            "ranks[0].ring_ports[1].rdma.gid_index: '3': expected \"auto\" or a RoCE v2 GID index (an integer >= 0)",
+            "ranks[0].ring_ports[1].rdma.gid_index: '3': expected \"auto\" or a RoCE v2 GID index 0-255 "
+            "(a RoCE GID table has at most 256 entries)",
             "ranks[1].ring_ports[0].rdma.device: 'mlx5/0' is not a valid RDMA device name: expected 1-64 of A-Z a-z "
             "0-9 _ . -, such as rocep1s0f0",
+        ],
+    ),
+    (
+        "gid_index past a RoCE GID table",
+        RING4,
+        {"ranks[3].ring_ports[0].rdma.gid_index": 300},
+        [
+            'ranks[3].ring_ports[0].rdma.gid_index: 300: expected "auto" or a RoCE v2 GID index 0-255 '
+            "(a RoCE GID table has at most 256 entries)"
         ],
     ),
     (
@@ -460,3 +470,44 @@ def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(ClusterValidationError) as caught:
         load_cluster_file(tmp_path / "cluster.yml")
     assert str(caught.value).startswith(f"{tmp_path / 'cluster.yml'}: cannot read: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "found"),
+    [
+        # A "billion laughs": nine aliases per level, eight levels, ~500 bytes.
+        (
+            'version: 1\na0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n'
+            + "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
+            + "cluster: *a8\n",
+            "2:5",
+            "&a0",
+        ),
+        ("version: 1\ncluster:\n  mtu: 9000\nssh: *mtu\n", "4:6", "*mtu"),
+        ("cluster: &c {mtu: 9000}\n", "1:10", "&c"),
+    ],
+)
+def test_yaml_anchors_and_aliases_are_refused(tmp_path: Path, text: str, where: str, found: str) -> None:
+    path = tmp_path / "cluster.yml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ClusterValidationError) as caught:
+        load_cluster_file(path)
+    assert str(caught.value) == (
+        f"{path}:{where}: not valid YAML: anchors and aliases are not allowed in cluster.yml "
+        f"(found {found}): write each value out"
+    )
+
+
+def test_yaml_nesting_and_size_are_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.yml"
+    path.write_text("version: " + "[" * 100_000 + "]" * 100_000 + "\n", encoding="utf-8")
+    with pytest.raises(ClusterValidationError) as caught:
+        load_cluster_file(path)
+    assert (
+        str(caught.value)
+        == f"{path}:1:25: not valid YAML: nested deeper than 16 levels: cluster.yml needs far fewer"
+    )
+    path.write_text("version: 1\n" + "# padding\n" * 30_000, encoding="utf-8")
+    with pytest.raises(ClusterValidationError) as caught:
+        load_cluster_file(path)
+    assert str(caught.value) == f"{path}: larger than 256 KiB: expected a cluster inventory"

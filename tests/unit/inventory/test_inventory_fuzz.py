@@ -232,7 +232,7 @@ BAD_INTEGERS = {
     "mtu": st.integers(0, 70000).filter(lambda v: v != 9000),
     "link_speed_mbps": st.integers(-(10**6), 0),
     "port": st.sampled_from([0, -22, 65536, 10**6]),
-    "gid_index": st.integers(-(2**31), -1),
+    "gid_index": st.integers(-(2**31), -1) | st.integers(256, 2**31),
     "cage": st.integers(-3, 9).filter(lambda v: v not in (0, 1)),
 }
 

@@ -85,6 +85,21 @@ def test_rejected_inventory_fails_ansible_with_every_problem(tmp_path: Path) -> 
     assert "ranks[2].ring_ports[0].address: 198.19.3.7 is outside edge r2-r3 subnet 198.19.2.0/24" in lines
 
 
+def test_alias_document_fails_ansible_in_one_line(tmp_path: Path) -> None:
+    # A "billion laughs" document: before the loader refused aliases it kept ansible-inventory busy for minutes.
+    levels = "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
+    (tmp_path / "cluster.yml").write_text(
+        f"plugin: sparkring_cluster\nversion: 1\na0: &a0 [lol, lol, lol]\n{levels}cluster: *a8\n",
+        encoding="utf-8",
+    )
+    result = ansible_inventory(tmp_path)
+    assert result.returncode != 0
+    refused = (
+        f"{tmp_path / 'cluster.yml'}:3:5: not valid YAML: anchors and aliases are not allowed in cluster.yml"
+    )
+    assert f"{refused} (found &a0): write each value out" in result.stderr.splitlines()
+
+
 def test_plugin_reads_only_cluster_files(tmp_path: Path) -> None:
     from ansible.plugins.loader import inventory_loader
 

@@ -170,11 +170,14 @@ def _verbs_tree(tmp_path: Path, gid3: str, type3: str = "RoCE v2", state: str = 
         (port / sub).mkdir(parents=True)
     (port / "state").write_text(state + "\n")
     (port / "phys_state").write_text("5: LinkUp\n")
+    # As the kernel shows it: one entry per slot of an 8-entry table, the empty ones all zeros.
     entries = {1: ("fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"), 3: (gid3, type3)}
-    for index, (gid, kind) in entries.items():
+    for index in range(8):
+        gid, kind = entries.get(index, (":".join(["0000"] * 8), None))
         (port / "gids" / str(index)).write_text(gid + "\n")
-        (port / "gid_attrs" / "types" / str(index)).write_text(kind + "\n")
-        (port / "gid_attrs" / "ndevs" / str(index)).write_text("ring1\n")
+        if kind:
+            (port / "gid_attrs" / "types" / str(index)).write_text(kind + "\n")
+            (port / "gid_attrs" / "ndevs" / str(index)).write_text("ring1\n")
     return str(tmp_path)
 
 
@@ -200,6 +203,12 @@ def test_gid_auto_and_fixed_index(preflight, tmp_path, gid_index):
         ("0000:0000:0000:0000:0000:ffff:c613:0101", "IB/RoCE v1", 3, "type IB/RoCE v1"),
         ("0000:0000:0000:0000:0000:ffff:c613:0101", "IB/RoCE v1", "auto", "no RoCE v2 entry"),
         ("0000:0000:0000:0000:0000:ffff:c613:0101", "RoCE v2", 5, "index 5 is empty"),
+        (
+            "0000:0000:0000:0000:0000:ffff:c613:0101",
+            "RoCE v2",
+            8,
+            "gid_index 8 is past the end of its GID table (gid_tbl_len 8): expected 0-7 or auto",
+        ),
     ],
 )
 def test_gid_mismatch_fails(preflight, tmp_path, gid3, type3, gid_index, expect):

@@ -192,6 +192,8 @@ def test_gid_table_and_auto_resolution(link_facts, tmp_path):
     found = link_facts.find_roce_v2_gid("rocep1s0f0", 1, "198.19.0.1", sysfs)
     assert (found.index, found.type, found.netdev) == (3, "RoCE v2", "enp1s0f0np0")
     assert link_facts.find_roce_v2_gid("rocep1s0f0", 1, "198.19.0.9", sysfs) is None
+    assert link_facts.gid_table_length("rocep1s0f0", 1, sysfs) == 8  # empty entries count too
+    assert link_facts.gid_table_length("rocep1s0f0", 2, sysfs) is None
 
 
 def test_rdma_port_state(link_facts, tmp_path):
