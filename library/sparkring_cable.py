@@ -46,7 +46,7 @@ options:
     description: The ring port at this end of the cable (one element of the inventory's C(sparkring_ports)).
     type: dict
     required: true
-    options:
+    suboptions:
       cage: {type: int, required: true, description: Cage index of the port.}
       interface: {type: str, required: true, description: Interface name.}
       edge: {type: str, required: true, description: Edge (cable) id.}
@@ -73,7 +73,7 @@ options:
     type: list
     elements: dict
     default: []
-    options:
+    suboptions:
       cage: {type: int, required: true, description: Cage index of the port.}
       interface: {type: str, required: true, description: Interface name.}
       edge: {type: str, required: true, description: Edge (cable) id.}
@@ -101,7 +101,7 @@ options:
     description: How to run the transport probe on this node.
     type: dict
     default: {}
-    options:
+    suboptions:
       python: {type: path, default: /usr/bin/python3, description: Interpreter that runs the probe.}
       pythonpath: {type: path, default: /opt/sparkring/python, description: Where the transport package is installed (the build stage puts it there).}
       native_cache: {type: path, default: /opt/sparkring/native, description: The transport's native build cache (SPARKRING_TRANSPORT_CACHE).}
@@ -116,6 +116,8 @@ options:
   min_bandwidth_gbit_s:
     description: A bandwidth below this (any size, either direction) is a bandwidth warning; null checks none here.
     type: float
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full

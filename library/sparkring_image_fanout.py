@@ -100,6 +100,8 @@ options:
     type: list
     elements: int
     default: []
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full

@@ -77,18 +77,22 @@ options:
     description: Parallel make jobs; 0 means one per CPU. Not part of the build identity.
     type: int
     default: 0
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full
-    description: Verifies the archive, the patches and their preimages, and reports what would be built.
+    details: Verifies the archive, the patches and their preimages, and reports what would be built.
   diff_mode:
     support: full
-    description: Shows the attestation before and after (in check mode, the planned inputs).
+    details: Shows the attestation before and after (in check mode, the planned inputs).
+  platform:
+    platforms: posix
 notes:
   - Needs C(make), C(patch), C(strip), C(g++) and the CUDA toolkit on the node.
   - In check mode, an archive or patch not yet on the node (the role copies them first) is
     reported, not refused; everything present is verified.
-  - NCCL embeds its build paths, so O(work_dir) is part of the build identity: keep it the same
+  - NCCL embeds its build paths, so O(work_dir) is part of the build identity. Keep it the same
     on every rank and two ranks' builds of the same inputs are byte-identical.
 """
 

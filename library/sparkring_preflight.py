@@ -48,7 +48,7 @@ options:
     description: The management interface and address (the inventory's C(sparkring_management)).
     type: dict
     required: true
-    options:
+    suboptions:
       interface: {type: str, required: true, description: Interface name.}
       address: {type: str, required: true, description: IPv4 address.}
       prefix: {type: int, required: true, description: Prefix length.}
@@ -58,7 +58,7 @@ options:
     type: list
     elements: dict
     required: true
-    options:
+    suboptions:
       cage: {type: int, required: true, description: Cage index of the port.}
       interface: {type: str, required: true, description: Interface name.}
       edge: {type: str, required: true, description: Edge (cable) id.}
@@ -86,7 +86,7 @@ options:
     type: list
     elements: dict
     default: []
-    options:
+    suboptions:
       path: {type: path, required: true, description: Path.}
       min_free_gib: {type: float, required: true, description: Least free GiB.}
   free_ports:
@@ -94,7 +94,7 @@ options:
     type: list
     elements: dict
     default: []
-    options:
+    suboptions:
       port: {type: int, required: true, description: Port number.}
       protocol: {type: str, default: tcp, choices: [tcp, udp], description: Protocol.}
       purpose: {type: str, default: '', description: What will bind it (for messages).}
@@ -115,6 +115,8 @@ options:
     description: Seconds to wait for each ping reply.
     type: int
     default: 2
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full

@@ -55,7 +55,7 @@ options:
       - Set by a launch's rescue to the container it started on this rank (empty when it started none).
         Then I(state=rolledback) acts only when that container holds the name; it is removed even
         without a previous one to restore, and its last 300 log lines are kept in
-        I(state_dir)/<name>-failed.log. Unset (a plain rollback): the previous container replaces
+        I(state_dir)/<name>-failed.log. Unset (a plain rollback), the previous container replaces
         whatever holds the name.
     type: str
   secrets:
@@ -89,13 +89,17 @@ options:
     description: C(DOCKER_HOST) of the rank's daemon; empty uses the default socket.
     type: str
     default: ""
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full
-    description: Nothing is written, run, stopped or renamed; the in-image hashing is skipped.
+    details: Nothing is written, run, stopped or renamed; the in-image hashing is skipped.
   diff_mode:
     support: full
-    description: The argv the rank runs now (before) and the argv it would run (after), one token per line.
+    details: The argv the rank runs now (before) and the argv it would run (after), one token per line.
+  platform:
+    platforms: posix
 requirements: [docker CLI on the rank, python3 inside the image]
 """
 

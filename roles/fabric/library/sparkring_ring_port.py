@@ -47,6 +47,8 @@ options:
     description: The management address; an interface holding it is never touched.
     type: str
     required: true
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full

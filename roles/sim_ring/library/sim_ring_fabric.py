@@ -56,12 +56,16 @@ options:
     type: str
     choices: [present, absent]
     default: present
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: full
     details: The diff lists the commands that were (or would be) run.
+  platform:
+    platforms: linux
 author: SparkRing contributors
 """
 

@@ -53,12 +53,16 @@ options:
     type: str
     choices: [present, absent]
     default: present
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: full
     details: Before/after of the rank's daemons (running with which fingerprint, or stopped).
+  platform:
+    platforms: linux
 author: SparkRing contributors
 """
 
