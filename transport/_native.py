@@ -5,7 +5,8 @@ the sources, the compiler's identity and the flags, so a node builds each versio
 source change can never load a stale binary. Nothing is ever written into the source tree:
 
     $SPARKRING_TRANSPORT_CACHE, else $XDG_CACHE_HOME/sparkring/transport, else
-    ~/.cache/sparkring/transport  ->  <key>/libsr_engine.so (and libsr_verbs.so, layout.json)
+    ~/.cache/sparkring/transport  ->  <key>/libsr_engine.so (and libsr_verbs.so, libsr_progress.so,
+                                     libsr_gpu.so, layout.json)
 
 Four ranks starting at once on one host serialise on a lock file; the finished object lands
 by atomic rename, so a reader never sees half a file.
@@ -90,9 +91,15 @@ def build_key(sources: list[Path], extra: list[str]) -> str:
     return h.hexdigest()[:20]
 
 
-def compile_cached(name: str, sources: list[Path], extra: list[str], executable: bool = False) -> Path:
-    """Compile sources into cache_root()/<key>/name unless it is already there."""
-    key_dir = cache_root() / build_key(sources, extra)
+def compile_cached(
+    name: str, sources: list[Path], extra: list[str], executable: bool = False, cc: list[str] | None = None
+) -> Path:
+    """Compile sources into cache_root()/<key>/name unless it is already there.
+
+    ``cc`` replaces the C compiler and CFLAGS (the CUDA library is built by nvcc).
+    """
+    identity = [_compiler_identity(cc[0]), *cc] if cc else []
+    key_dir = cache_root() / build_key(sources, [*identity, *extra])
     target = key_dir / name
     if target.exists():
         return target
@@ -104,7 +111,7 @@ def compile_cached(name: str, sources: list[Path], extra: list[str], executable:
         fd, tmp = tempfile.mkstemp(dir=key_dir, prefix=f".{name}.")
         os.close(fd)
         shape = [] if executable else ["-shared"]
-        cmd = [compiler(), *CFLAGS, *shape, "-I", str(CSRC), "-o", tmp, *map(str, sources), *extra]
+        cmd = [*(cc or [compiler(), *CFLAGS]), *shape, "-I", str(CSRC), "-o", tmp, *map(str, sources), *extra]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             os.unlink(tmp)
@@ -128,6 +135,8 @@ def engine() -> ctypes.CDLL:
     lib.sr_peer_new.restype = vp
     lib.sr_peer_free.argtypes = [vp, ctypes.c_int]
     lib.sr_peer_free.restype = None
+    lib.sr_peer_abort.argtypes = [vp]
+    lib.sr_peer_abort.restype = None
     lib.sr_peer_stats.argtypes = [vp, ctypes.POINTER(ctypes.c_uint64 * 6)]
     lib.sr_peer_stats.restype = None
     lib.sr_transfer.argtypes = [
@@ -145,4 +154,74 @@ def engine() -> ctypes.CDLL:
     lib.sr_transfer.restype = ctypes.c_int
     lib.sr_transfer_lanes.argtypes = LANES_ARGTYPES
     lib.sr_transfer_lanes.restype = ctypes.c_int
+    return lib
+
+
+@functools.cache
+def progress() -> ctypes.CDLL:
+    """The command ring's progress thread (sr_progress.c) with its C signatures declared."""
+    lib = ctypes.CDLL(str(compile_cached("libsr_progress.so", [CSRC / "sr_progress.c"], ["-lpthread"])))
+    vp, u32, u64, i = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
+    err = ctypes.POINTER(SrError)
+    lib.sr_progress_new.argtypes = [vp, vp, u64, vp, vp, ctypes.POINTER(vp), i, i, i, u32]
+    lib.sr_progress_new.restype = vp
+    lib.sr_progress_add_plan.argtypes = [vp, u32, u32, u32, u64, u64, u64, vp, u32, err]
+    lib.sr_progress_add_plan.restype = i
+    for name in ("sr_progress_start",):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = [vp], i
+    for name in ("sr_progress_stop", "sr_progress_free"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = [vp], None
+    lib.sr_progress_pause.argtypes, lib.sr_progress_pause.restype = [vp, i], None
+    lib.sr_progress_failure.argtypes, lib.sr_progress_failure.restype = [vp, err], i
+    lib.sr_progress_stats.argtypes, lib.sr_progress_stats.restype = [vp, ctypes.POINTER(u64)], None
+    lib.sr_progress_submit.argtypes = [vp, u32, i, ctypes.POINTER(u64)]
+    lib.sr_progress_submit.restype = i
+    lib.sr_ring_post.argtypes, lib.sr_ring_post.restype = [vp, u64, vp, i], i
+    lib.sr_ring_wait.argtypes, lib.sr_ring_wait.restype = [vp, u64, i, ctypes.POINTER(i)], i
+    return lib
+
+
+def nvcc() -> str:
+    """The CUDA compiler: $NVCC, else nvcc on PATH, else the toolkit's default place."""
+    for cand in (os.environ.get("NVCC"), "nvcc", "/usr/local/cuda/bin/nvcc"):
+        if cand and (path := shutil.which(cand)):
+            return path
+    raise NativeBuildError("no nvcc: install the CUDA toolkit or set NVCC (the GPU command ring needs it)")
+
+
+def cuda_arch() -> str:
+    """sm_XY to build for: $SPARKRING_CUDA_ARCH, else the current GPU's (sm_121 on GB10)."""
+    arch = os.environ.get("SPARKRING_CUDA_ARCH")
+    if arch:
+        return arch
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def gpu_sources() -> list[Path]:
+    return [CSRC / "sr_gpu.cu"]
+
+
+def gpu_build_flags(arch: str) -> list[str]:
+    """nvcc and its flags for the GPU producer library (one architecture, real code only)."""
+    num = arch.removeprefix("sm_")
+    return [nvcc(), "-O2", "-std=c++17", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{num},code=sm_{num}"]
+
+
+@functools.cache
+def gpu() -> ctypes.CDLL:
+    """The GPU producer (sr_gpu.cu), built for this node's GPU, with its C signatures declared."""
+    lib = ctypes.CDLL(str(compile_cached("libsr_gpu.so", gpu_sources(), [], cc=gpu_build_flags(cuda_arch()))))
+    vp, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    lib.sr_gpu_host_alloc.argtypes = [i, sz, ctypes.POINTER(vp), ctypes.POINTER(vp)]
+    lib.sr_gpu_host_free.argtypes = [vp]
+    lib.sr_gpu_counter_new.argtypes = [i, ctypes.POINTER(vp)]
+    lib.sr_gpu_counter_free.argtypes = [vp]
+    lib.sr_gpu_collective.argtypes = [i, vp, vp]
+    for name in ("sr_gpu_host_alloc", "sr_gpu_host_free", "sr_gpu_counter_new", "sr_gpu_counter_free",
+                 "sr_gpu_collective"):  # fmt: skip
+        getattr(lib, name).restype = i
+    lib.sr_gpu_error_string.argtypes, lib.sr_gpu_error_string.restype = [i], ctypes.c_char_p
     return lib

@@ -19,10 +19,10 @@ from transport import schedule
 from transport._native import SrError, SrLane
 from transport.buffers import HostBuffer, as_host_buffer
 from transport.errors import NATIVE_ERRORS, TransportError
+from transport.plan import ADD, COPY
 from transport.rendezvous import rendezvous
 from transport.topology import RingSpec
 
-COPY, ADD = 0, 1  # enum sr_op
 Lane = tuple[int | None, np.ndarray | None, int | None, np.ndarray | None]  # to, send, frm, recv
 DEFAULT_TCP_PORT = 18600
 
@@ -44,6 +44,7 @@ class Communicator:
         self.spec, self.rank, self.world = spec, spec.rank, spec.world
         self.timeout_s = timeout_s
         self._failure: TransportError | None = None
+        self._driver: Any = None  # a CommandRing that owns the links while attached
         self._scratch_buf = np.empty(0, dtype=np.uint8)
         if fabric == "tcp":
             from transport.fabric_tcp import TcpFabric
@@ -66,6 +67,8 @@ class Communicator:
         A healthy communicator first waits (within ``timeout_s``) for its neighbours to
         acknowledge what it sent; a failed one closes at once so they fail fast.
         """
+        if self._driver is not None:
+            self._driver.close()  # its progress thread must stop before the links go
         linger = 0.0 if self._failure is not None else self.timeout_s
         for link in self.links.values():
             self.fabric.close(link, linger)
@@ -88,7 +91,23 @@ class Communicator:
             )
         if not self.links:
             raise TransportError(f"{collective}: communicator is closed", collective=collective)
+        if self._driver is not None:
+            raise TransportError(
+                f"{collective}: this communicator's links are driven by its command ring; post through it",
+                collective=collective,
+            )
         return time.monotonic() + self.timeout_s
+
+    def attach_driver(self, driver: Any) -> None:
+        """Hand the links to a command ring (transport.command_ring) until it detaches."""
+        if self._driver is not None:
+            raise TransportError("this communicator already has a command ring")
+        self._begin("attach")
+        self._driver = driver
+
+    def detach_driver(self, driver: Any) -> None:
+        if self._driver is driver:
+            self._driver = None
 
     def transfer(
         self,
@@ -124,9 +143,10 @@ class Communicator:
         left_ms = max(1, int((deadline - time.monotonic()) * 1000))
         rc = self.fabric.transfer_lanes(arr, len(lanes), op, code, left_ms, ctypes.byref(err))
         if rc != 0:
-            self._fail(collective, err)
+            self.fail_from(collective, err)
 
-    def _fail(self, collective: str, err: SrError) -> None:
+    def fail_from(self, collective: str, err: SrError) -> None:
+        """Mark the communicator failed with the engine's error, close every link, raise it."""
         peer = err.peer_rank if err.peer_rank >= 0 else None
         where = ""
         if peer in self.links:

@@ -29,6 +29,7 @@ class TcpFabric:
         self.slot_bytes, self.window = slot_bytes, window
         self.lib = engine()
         self.transfer_lanes = self.lib.sr_transfer_lanes
+        self.abort_peer = self.lib.sr_peer_abort  # a failed command ring closes its links with it
 
     def record(self, spec: RingSpec, port: Port, direction: str) -> EndpointRecord:
         return EndpointRecord(

@@ -406,3 +406,11 @@ int sr_transfer(sr_peer *to, const void *sbuf, size_t slen, sr_peer *from, void 
     sr_lane lane = {.to = to, .sbuf = sbuf, .slen = slen, .from = from, .rbuf = rbuf, .rlen = rlen};
     return sr_transfer_lanes(&lane, 1, op, dtype, timeout_ms, err);
 }
+
+/* Shut both connections down without freeing: the neighbour sees the link close at once (a
+ * failed progress thread aborts its links so the ring fails fast, not after every bound). */
+void sr_peer_abort(sr_peer *p) {
+    shutdown(p->tx_fd, SHUT_RDWR);
+    if (p->rx_fd != p->tx_fd)
+        shutdown(p->rx_fd, SHUT_RDWR);
+}

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import signal
 
 import numpy as np
-import pytest
-from transport_ranks import PREFIX
+from transport_ranks import PREFIX, fault_mid_burn
 
 from transport.comm import Communicator
 from transport.errors import PeerClosedError, PeerTimeoutError, TransportError
@@ -33,28 +30,7 @@ def burn_until_failure(rank: int, tcp_port: int, progress, queue) -> None:
 
 
 def _fault(tcp_port: int, sig: int) -> dict[int, tuple]:
-    ctx = mp.get_context("spawn")
-    progress, queue = ctx.Array("l", WORLD), ctx.Queue()
-    procs = [
-        ctx.Process(target=burn_until_failure, args=(r, tcp_port, progress, queue)) for r in range(WORLD)
-    ]
-    for p in procs:
-        p.start()
-    victim = procs[2]
-    try:
-        while min(progress[:]) < 50:  # mid-burn: every rank has completed collectives
-            if not all(p.is_alive() for p in procs):
-                pytest.fail("a rank died before the fault was injected")
-            victim.join(0.05)
-        os.kill(victim.pid, sig)
-        # Each survivor must report within the bound plus slack for process scheduling.
-        reports = [queue.get(timeout=BOUND_S * 3 + 10) for _ in range(WORLD - 1)]
-    finally:
-        for p in procs:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
-            p.join(10)
-    return {r[0]: r[1:] for r in reports}
+    return fault_mid_burn(burn_until_failure, WORLD, tcp_port, sig, BOUND_S)
 
 
 def test_killed_rank_makes_every_survivor_fail_naming_a_peer() -> None:

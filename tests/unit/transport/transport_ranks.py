@@ -7,9 +7,13 @@ every rank binds and dials exactly the addresses it would on real cables.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from transport.topology import cable_geometry
 
@@ -47,3 +51,33 @@ def run_ring(
             if p.is_alive():
                 p.kill()
     return [results[r] for r in range(world)]
+
+
+def fault_mid_burn(
+    burn: Callable[..., None], world: int, tcp_port: int, sig: int, bound_s: float, victim: int = 2
+) -> dict[int, tuple]:
+    """Run ``burn(rank, tcp_port, progress, queue)`` on every rank, send ``sig`` to ``victim`` once
+    every rank has completed 50 collectives, and return each survivor's report by rank.
+
+    ``burn`` counts its collectives in ``progress[rank]`` and, when one fails, puts
+    ``(rank, *report)`` on ``queue`` and returns.
+    """
+    ctx = mp.get_context("spawn")
+    progress, queue = ctx.Array("l", world), ctx.Queue()
+    procs = [ctx.Process(target=burn, args=(r, tcp_port, progress, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        while min(progress[:]) < 50:  # mid-burn: every rank has completed collectives
+            if not all(p.is_alive() for p in procs):
+                pytest.fail("a rank died before the fault was injected")
+            procs[victim].join(0.05)
+        os.kill(procs[victim].pid, sig)
+        # Each survivor must report within the bound plus slack for process scheduling.
+        reports = [queue.get(timeout=bound_s * 3 + 10) for _ in range(world - 1)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+            p.join(10)
+    return {r[0]: r[1:] for r in reports}

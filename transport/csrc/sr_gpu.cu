@@ -1,0 +1,192 @@
+/* SparkRing GPU producer: a collective enqueued on the caller's CUDA stream, capturable into
+ * a CUDA graph.
+ *
+ * One call is: copy the input into the mapped host arena; one thread posts a command on the
+ * command ring (sr_cmdring.h) with a sequence taken from a device-side counter, so every graph
+ * replay posts a fresh one; it spins (bounded) until the native progress thread
+ * (sr_progress.c) answers; then the result is copied out of the arena. Small messages do all
+ * of it in one kernel (zero-copy loads and stores on the mapped arena: one graph node); large
+ * ones use the copy engines around a one-thread post-and-wait kernel. A failure answer (or,
+ * as a last resort, the kernel's own bound) ends the kernel normally and leaves the status in
+ * a mapped word the host reads: the stream always completes and the GPU stays usable.
+ *
+ * Built on the node by nvcc (sm_121 on GB10, sm_90 on H200) and loaded with ctypes; it uses
+ * the primary context, the same one torch uses. */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "sr_cmdring.h"
+
+#define SR_GPU_ETIMEOUT 1 /* enum sr_status SR_ETIMEOUT (sr_wire.h) */
+#define SR_GPU_THREADS 1024
+
+/* Mirrored by transport/gpu.py (GpuCall). */
+typedef struct sr_gpu_call {
+    sr_cmdring *ring;            /* device pointer of the mapped ring */
+    unsigned long long *counter; /* device memory: the last sequence posted */
+    unsigned char *arena_dev;    /* the mapped arena, as the GPU addresses it */
+    unsigned char *arena_host;   /* the same bytes, as the host (and the copy engines) address them */
+    const void *src;             /* input tensor (device) */
+    void *dst;                   /* output tensor (device) */
+    uint64_t in_bytes, out_bytes;
+    uint64_t count, in_off, out_off;
+    uint32_t plan, op, dtype, fused;
+    uint64_t timeout_ns; /* the kernel's own bound: the progress thread's, plus a margin */
+    int *status;         /* mapped host word: the first failure status this stream saw */
+} sr_gpu_call;
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t *p) {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release_sys(uint64_t *p, uint64_t v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* Block-wide copy; `fresh` reads bypass the caches (the host wrote those bytes). */
+__device__ void block_copy(unsigned char *dst, const unsigned char *src, uint64_t n, bool fresh) {
+    uint64_t i = (uint64_t)threadIdx.x;
+    if ((((uintptr_t)dst | (uintptr_t)src | n) & 15) == 0) {
+        uint4 *d = (uint4 *)dst;
+        const uint4 *s = (const uint4 *)src;
+        for (uint64_t k = i; k < n / 16; k += blockDim.x)
+            d[k] = fresh ? __ldcv(s + k) : s[k];
+    } else if ((((uintptr_t)dst | (uintptr_t)src | n) & 3) == 0) {
+        unsigned *d = (unsigned *)dst;
+        const unsigned *s = (const unsigned *)src;
+        for (uint64_t k = i; k < n / 4; k += blockDim.x)
+            d[k] = fresh ? __ldcv(s + k) : s[k];
+    } else {
+        for (uint64_t k = i; k < n; k += blockDim.x)
+            dst[k] = fresh ? *(volatile const unsigned char *)(src + k) : src[k];
+    }
+}
+
+__device__ void note_failure(int *status, int st) {
+    volatile int *s = status;
+    if (*s == 0)
+        *s = st;
+    __threadfence_system();
+}
+
+/* Post one command and wait for its answer; returns its status. One thread. */
+__device__ int post_and_wait(const sr_gpu_call &c) {
+    uint64_t seq = atomicAdd(c.counter, 1ULL) + 1;
+    unsigned slot = (unsigned)(seq % SR_RING_SLOTS);
+    sr_done *d = &c.ring->done[slot];
+    sr_cmd *cmd = &c.ring->cmd[slot];
+    uint64_t start = globaltimer_ns();
+    while (seq > SR_RING_SLOTS && ld_acquire_sys(&d->seq) < seq - SR_RING_SLOTS) {
+        if (globaltimer_ns() - start > c.timeout_ns) {
+            note_failure(c.status, SR_GPU_ETIMEOUT);
+            return SR_GPU_ETIMEOUT;
+        }
+    }
+    volatile sr_cmd *v = cmd;
+    v->plan = c.plan;
+    v->op = c.op;
+    v->dtype = c.dtype;
+    v->count = c.count;
+    v->in_off = c.in_off;
+    v->out_off = c.out_off;
+    st_release_sys(&cmd->seq, seq);
+    st_release_sys(&c.ring->doorbell, seq);
+    while (ld_acquire_sys(&d->seq) != seq) {
+        if (globaltimer_ns() - start > c.timeout_ns) {
+            note_failure(c.status, SR_GPU_ETIMEOUT);
+            return SR_GPU_ETIMEOUT;
+        }
+    }
+    int st = ((volatile sr_done *)d)->status;
+    if (st)
+        note_failure(c.status, st);
+    return st;
+}
+
+__global__ void sr_collective_kernel(sr_gpu_call c) {
+    __shared__ int status;
+    if (c.fused) {
+        block_copy(c.arena_dev + c.in_off, (const unsigned char *)c.src, c.in_bytes, false);
+        __threadfence_system();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        status = post_and_wait(c);
+    __syncthreads();
+    if (c.fused && status == 0)
+        block_copy((unsigned char *)c.dst, c.arena_dev + c.out_off, c.out_bytes, true);
+}
+
+static int use_device(int device) {
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e == cudaSuccess && cur != device)
+        e = cudaSetDevice(device);
+    return (int)e;
+}
+
+extern "C" {
+
+/* Pinned host memory the GPU maps: *host for the CPU and the copy engines, *dev for kernels. */
+int sr_gpu_host_alloc(int device, size_t bytes, void **host, void **dev) {
+    int e = use_device(device);
+    if (e)
+        return e;
+    cudaError_t r = cudaHostAlloc(host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (r != cudaSuccess)
+        return (int)r;
+    memset(*host, 0, bytes);
+    r = cudaHostGetDevicePointer(dev, *host, 0);
+    if (r != cudaSuccess)
+        cudaFreeHost(*host);
+    return (int)r;
+}
+
+int sr_gpu_host_free(void *host) { return (int)cudaFreeHost(host); }
+
+/* The device-side sequence counter, zeroed: the progress thread expects sequence 1 first. */
+int sr_gpu_counter_new(int device, void **dev) {
+    int e = use_device(device);
+    if (e)
+        return e;
+    cudaError_t r = cudaMalloc(dev, sizeof(unsigned long long));
+    if (r == cudaSuccess)
+        r = cudaMemset(*dev, 0, sizeof(unsigned long long));
+    if (r == cudaSuccess)
+        r = cudaDeviceSynchronize();
+    return (int)r;
+}
+
+int sr_gpu_counter_free(void *dev) { return (int)cudaFree(dev); }
+
+/* Enqueue one collective on `stream` (a torch stream's cuda_stream); capturable. */
+int sr_gpu_collective(int device, cudaStream_t stream, const sr_gpu_call *call) {
+    int e = use_device(device);
+    if (e)
+        return e;
+    sr_gpu_call c = *call;
+    if (c.fused) {
+        sr_collective_kernel<<<1, SR_GPU_THREADS, 0, stream>>>(c);
+        return (int)cudaGetLastError();
+    }
+    cudaError_t r = cudaMemcpyAsync(c.arena_host + c.in_off, c.src, c.in_bytes, cudaMemcpyDeviceToHost, stream);
+    if (r != cudaSuccess)
+        return (int)r;
+    sr_collective_kernel<<<1, 32, 0, stream>>>(c);
+    if ((r = cudaGetLastError()) != cudaSuccess)
+        return (int)r;
+    return (int)cudaMemcpyAsync(c.dst, c.arena_host + c.out_off, c.out_bytes, cudaMemcpyHostToDevice, stream);
+}
+
+const char *sr_gpu_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+
+}
