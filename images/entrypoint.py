@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Attest inside the container, then exec vLLM (DESIGN §3.5: nothing starts unattested).
+"""Attest inside the container, then exec vLLM (docs/design.md §3.5: nothing starts unattested).
 
 The build wrote /opt/sparkring/image.json: the lock's sha256, the vLLM version, the sha256 of
 every file of the transport, overlay and SparkCache sources installed in the image, and of the

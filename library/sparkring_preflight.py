@@ -207,7 +207,7 @@ from ansible.module_utils.sparkring_link_facts import (
     route_to,
 )
 
-# The order results come out in (and the order of the README table).
+# The order results come out in (and the order of the table in docs/preflight.md).
 CHECK_IDS = (
     "PF-SSH",
     "PF-MGMT-ADDR",

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Attest, start, roll back and stop one rank's SparkRing container (DESIGN §3.5)."""
+"""Attest, start, roll back and stop one rank's SparkRing container (docs/design.md §3.5)."""
 
 # ruff: noqa: E402
 

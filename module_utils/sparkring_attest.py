@@ -1,4 +1,4 @@
-"""Attestation records for the per-rank launch (DESIGN §3.5): build, redact, compare.
+"""Attestation records for the per-rank launch (docs/design.md §3.5): build, redact, compare.
 
 Standard library only: this file travels to every rank with the module. The record is the one
 description of what a rank is about to run; `comparable` is the one definition of which parts of

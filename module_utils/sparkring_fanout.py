@@ -1,5 +1,5 @@
 # Copyright: SparkRing contributors. Apache-2.0.
-"""Verified, pipelined fan-out of one archive over the direct ring links (DESIGN §3.4).
+"""Verified, pipelined fan-out of one archive over the direct ring links (docs/design.md §3.4).
 
 Rank 0 holds the archive and its manifest (whole sha256 plus one sha256 per chunk, computed
 before the first byte moves). Every other rank receives chunks from its ring neighbours only:

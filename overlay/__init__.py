@@ -1,4 +1,4 @@
-"""SparkRing's fail-closed vLLM overlay (DESIGN section 3.7).
+"""SparkRing's fail-closed vLLM overlay (docs/design.md §3.7).
 
 A ``vllm.general_plugins`` entry point (``overlay.plugin:register``) that, in every vLLM
 process, checks the sha256 of each upstream source file it patches for the vLLM version it

@@ -2,7 +2,7 @@
 
 Fabrics: ``tcp`` (the same sequence/ack protocol over sockets; the simulated ring and a
 fallback) and ``verbs`` (RDMA WRITE with immediate over RoCE RC queue pairs). See
-DESIGN.md section 3.6 and ``python -m transport probe --help``.
+docs/design.md §3.6 and ``python -m transport probe --help``.
 """
 
 from transport.comm import Communicator

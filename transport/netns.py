@@ -1,6 +1,6 @@
 """A private ring of network namespaces for transport tests and benchmarks (root only).
 
-Same shape as the simulated ring (DESIGN section 4) but owned by the caller and torn down
+Same shape as the simulated ring (docs/design.md §4) but owned by the caller and torn down
 after: rank r is namespace ``<name>-r<r>``; cable i is a veth pair ``ring<cage>`` joining
 rank i (.1) and rank i+1 (.2) in ``<prefix>.i.0/24``, MTU 9000, forwarding off, so the
 diagonal is unreachable and a schedule that needs it fails.

@@ -1,4 +1,4 @@
-"""Run the fan-out agent once per rank inside the simulated ring's namespaces (DESIGN §4).
+"""Run the fan-out agent once per rank inside the simulated ring's namespaces (docs/design.md §4).
 
 Each rank is `ip netns exec <netns> python3 module_utils/sparkring_fanout.py run`, fed the
 same configuration the sparkring_image_fanout module builds from the inventory, so the bytes

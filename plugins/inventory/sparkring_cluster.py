@@ -20,7 +20,7 @@ description:
   - Validates it with the pydantic schema in C(plugins/sparkring/cluster.py); any problem fails
     the whole inventory with every problem listed, one per line, field path first.
   - Yields one host per rank in the groups C(sparkring), C(sparkring_head) (rank 0) and
-    C(sparkring_workers), with the hostvars described in the README section "Cluster inventory"
+    C(sparkring_workers), with the hostvars described in C(docs/inventory.md)
     (rank, world size, neighbours, ring ports and their peers, matching rounds, ssh target).
   - "Start the file with C(plugin: sparkring_cluster), so that Ansible's plain YAML inventory
     plugin never reads a rejected cluster.yml as an empty inventory."

@@ -1,4 +1,4 @@
-"""The cluster inventory schema (DESIGN §3.1) and the ring geometry every stage derives from.
+"""The cluster inventory schema (docs/design.md §3.1) and the ring geometry every stage derives from.
 
 `cluster.yml` is the only gate between a typo and a four-node outage, so the schema is strict:
 unknown keys are errors, values are never coerced, everything that reaches a shell is checked

@@ -1,4 +1,4 @@
-"""The one function that renders a rank's exact container spec (DESIGN §3.5).
+"""The one function that renders a rank's exact container spec (docs/design.md §3.5).
 
 Everything a rank runs is derived here from the validated launch profile and the rank's
 inventory hostvars, so `--check --diff`, attestation and the start itself all see the same

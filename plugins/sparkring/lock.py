@@ -1,4 +1,4 @@
-"""The image lock (`images/lock.json`, DESIGN §3.3): every input of the runtime images by content.
+"""The image lock (`images/lock.json`, docs/design.md §3.3): every input of the runtime images by content.
 
 One schema, strict: unknown keys, short hashes and floating references are errors that name the
 field. `tree_sha256` is the one definition of a source tree's hash; `stale_trees` compares the

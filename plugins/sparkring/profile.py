@@ -1,4 +1,4 @@
-"""The launch profile: the one file a user edits to serve a model (DESIGN §3.2).
+"""The launch profile: the one file a user edits to serve a model (docs/design.md §3.2).
 
 A profile is an environment file (`inventories/<cluster>/launch.env`, KEY=VALUE lines). It is
 parsed strictly (unknown keys, duplicate keys and malformed lines are errors naming the line),
@@ -230,7 +230,7 @@ def _describe(error: dict) -> str:
     location = ".".join(str(part) for part in error["loc"])
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        return f"{location.upper()}: unknown key (see the README's launch profile table for the keys)"
+        return f"{location.upper()}: unknown key (docs/launch.md lists the keys)"
     if not location:
         return message  # cross-field rules already name their keys
     return f"{location.upper()}: {message} (got {error.get('input')!r})"

@@ -1,5 +1,5 @@
 """Every role's molecule scenarios (roles/*/molecule/*/), each a `molecule test -s <scenario>` run
-from its role directory against the shared simulated ring (README, "The simulated ring")."""
+from its role directory against the shared simulated ring (docs/sim.md)."""
 
 from __future__ import annotations
 

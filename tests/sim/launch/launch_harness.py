@@ -45,7 +45,7 @@ def container_log(host: str) -> str:
 
 
 def complete(prompt: str | list[int] = "The ring of four", max_tokens: int = 8) -> dict:
-    """One greedy completion through rank 0's API, from the controller namespace (as the README says)."""
+    """One greedy completion through rank 0's API, from the controller namespace (as docs/launch.md says)."""
     body = json.dumps({"model": "sim-tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
     done = subprocess.run(
         [
