@@ -89,7 +89,9 @@ attributes:
   platform:
     platforms: posix
 notes:
-  - Needs C(make), C(patch), C(strip), C(g++) and the CUDA toolkit on the node.
+  - Needs C(make), C(patch), C(strip), C(g++) and the CUDA toolkit on the node. The archive, the
+    patches and their preimages are verified first (on a scratch copy), so a wrong input is
+    refused as such on any node, before the toolchain is looked for.
   - In check mode, an archive or patch not yet on the node (the role copies them first) is
     reported, not refused; everything present is verified.
   - NCCL embeds its build paths, so O(work_dir) is part of the build identity. Keep it the same
@@ -160,7 +162,7 @@ from ansible.module_utils.sparkring_nccl import (
 
 
 class NcclBuilder:
-    """One build request on this node: decide, plan (check mode) or build."""
+    """One build request on this node: verify the inputs, then decide, plan (check mode) or build."""
 
     def __init__(self, module: AnsibleModule) -> None:
         self.module = module
@@ -182,8 +184,8 @@ class NcclBuilder:
     def run(self, argv: list[str], cwd: str, env: dict[str, str]) -> tuple[int, str, str]:
         return self.module.run_command(argv, cwd=cwd, environ_update={"LANG": "C", "LC_ALL": "C", **env})
 
-    def plan(self) -> None:
-        """What a build would refuse short of compiling: the preimages, on a scratch copy."""
+    def verify_inputs(self) -> None:
+        """What a build would refuse short of compiling: the layout and preimages, on a scratch copy."""
         with tempfile.TemporaryDirectory(prefix="sparkring-nccl-plan-") as scratch:
             tree = extract_source(self.request.source_archive, self.request.source_dir, Path(scratch))
             apply_patches(tree, self.request.patches, self.run)
@@ -194,11 +196,14 @@ class NcclBuilder:
 
     def execute(self) -> dict:
         request = self.request
-        for tool in ("make", "patch", "strip", "g++"):
-            self.module.get_bin_path(tool, required=True)
+        # Inputs first: a wrong source or patch is refused on any node, before the toolchain is asked.
+        self.module.get_bin_path("patch", required=True)
         absent = self.absent_inputs() if self.module.check_mode else []
         if not absent:
             check_pins(request)
+            self.verify_inputs()
+        for tool in ("make", "strip", "g++"):
+            self.module.get_bin_path(tool, required=True)
         request.compilers = compiler_versions(request.cuda_home, self.run)
         before = read_attestation(request.dest)
         library = os.path.join(request.dest, LIBRARY)
@@ -217,8 +222,6 @@ class NcclBuilder:
             )
             if absent:
                 msg += f" (not on the node yet, their pins are checked when they arrive: {', '.join(absent)})"
-            else:
-                self.plan()
         else:
             after = build(request, self.run)
             msg = f"built NCCL {request.version} into {library}"

@@ -227,8 +227,13 @@ def apply_patches(tree: Path, patches: list[PatchSpec], run: Runner) -> list[dic
 
 def compiler_versions(cuda_home: str, run: Runner) -> dict[str, str]:
     """The first line that names each compiler's release: part of the build identity."""
+    nvcc = f"{cuda_home}/bin/nvcc"
+    if not os.access(nvcc, os.X_OK):  # run_command would fail without naming the field
+        raise NcclBuildError(
+            "cuda_home", f"no nvcc at {nvcc}: install the CUDA toolkit there or set cuda_home"
+        )
     found = {}
-    for key, argv in (("nvcc", [f"{cuda_home}/bin/nvcc", "--version"]), ("cxx", ["g++", "--version"])):
+    for key, argv in (("nvcc", [nvcc, "--version"]), ("cxx", ["g++", "--version"])):
         try:
             rc, out, err = run(argv, "/", {})
         except OSError as error:

@@ -86,11 +86,17 @@ def fixture_source(fixture_lib, tmp_path) -> dict:
 
 
 @pytest.fixture
+def without_cuda(tmp_path) -> dict:
+    """Module arguments that point cuda_home at a directory with no nvcc: a refusal must not need one."""
+    return {"cuda_home": str(tmp_path / "no-cuda-toolkit")}
+
+
+@pytest.fixture
 def run_module(build_module, capsys):
-    """Run the module in-process as Ansible would; returns its JSON result."""
+    """Run the module in-process as Ansible would; returns its JSON result. Tests that build (or
+    plan one, which asks nvcc its release) take the `nvcc` fixture; refusals run everywhere."""
 
     def run(args: dict, check: bool = False, diff: bool = False) -> dict:
-        nvcc_or_skip()
         with (
             patch_module_args(args | {"_ansible_check_mode": check, "_ansible_diff": diff}),
             pytest.raises(SystemExit),

@@ -15,7 +15,7 @@ def library_of(result: dict) -> Path:
     return Path(result["library"])
 
 
-def test_build_installs_the_patched_library_with_its_attestation(run_module, fixture_source):
+def test_build_installs_the_patched_library_with_its_attestation(nvcc, run_module, fixture_source):
     result = run_module(fixture_source)
     assert result["changed"] is True, result
     library = library_of(result)
@@ -35,7 +35,7 @@ def test_build_installs_the_patched_library_with_its_attestation(run_module, fix
     assert not any(Path(fixture_source["work_dir"]).iterdir()), "the build tree is removed after install"
 
 
-def test_same_inputs_do_not_rebuild_and_check_mode_agrees(run_module, fixture_source):
+def test_same_inputs_do_not_rebuild_and_check_mode_agrees(nvcc, run_module, fixture_source):
     first = run_module(fixture_source)
     mtime = library_of(first).stat().st_mtime_ns
     again = run_module(fixture_source)
@@ -45,7 +45,7 @@ def test_same_inputs_do_not_rebuild_and_check_mode_agrees(run_module, fixture_so
     assert "diff" not in planned
 
 
-def test_check_mode_plans_without_building(run_module, fixture_source):
+def test_check_mode_plans_without_building(nvcc, run_module, fixture_source):
     result = run_module(fixture_source, check=True, diff=True)
     assert result["changed"] is True and result["msg"].startswith(
         "would build NCCL 0.0.1-fixture with 1 patch"
@@ -55,7 +55,7 @@ def test_check_mode_plans_without_building(run_module, fixture_source):
     assert json.loads(result["diff"]["after"])["source_sha256"] == fixture_source["source_sha256"]
 
 
-def test_a_new_gencode_rebuilds_and_diffs(run_module, fixture_source):
+def test_a_new_gencode_rebuilds_and_diffs(nvcc, run_module, fixture_source):
     built = run_module(fixture_source)
     args = fixture_source | {"nvcc_gencode": "-gencode=arch=compute_90,code=sm_90"}
     planned = run_module(args, check=True, diff=True)
@@ -65,53 +65,57 @@ def test_a_new_gencode_rebuilds_and_diffs(run_module, fixture_source):
     assert rebuilt["changed"] is True and rebuilt["attestation"]["flags"]["NVCC_GENCODE"].endswith("sm_90")
 
 
-def test_a_library_that_no_longer_matches_its_attestation_is_rebuilt(run_module, fixture_source):
+def test_a_library_that_no_longer_matches_its_attestation_is_rebuilt(nvcc, run_module, fixture_source):
     built = run_module(fixture_source)
     library_of(built).write_bytes(b"not the attested library")
     rebuilt = run_module(fixture_source)
     assert rebuilt["changed"] is True and rebuilt["sha256"] == built["sha256"]
 
 
-def test_tampered_archive_is_refused(run_module, fixture_source):
+def test_tampered_archive_is_refused(run_module, fixture_source, without_cuda):
     archive = Path(fixture_source["source_archive"])
     archive.write_bytes(archive.read_bytes() + b"\0")
-    result = run_module(fixture_source)
+    result = run_module(fixture_source | without_cuda)
     assert result["failed"] and result["field"] == "source_sha256"
     assert "not the pinned NCCL source" in result["msg"]
     assert not Path(fixture_source["dest"]).exists()
 
 
-def test_unpinned_release_is_refused(run_module, fixture_source):
-    result = run_module(fixture_source | {"source_sha256": None})
+def test_unpinned_release_is_refused(run_module, fixture_source, without_cuda):
+    result = run_module(fixture_source | without_cuda | {"source_sha256": None})
     assert (
         result["failed"] and result["field"] == "source_sha256" and "no pinned source sha256" in result["msg"]
     )
 
 
-def test_tampered_patch_is_refused(run_module, fixture_source):
+def test_tampered_patch_is_refused(run_module, fixture_source, without_cuda):
     patch = Path(fixture_source["patches"][0]["path"])
     patch.write_text(patch.read_text().replace("SWITCHLESS_RING 1", "SWITCHLESS_RING 2"))
-    result = run_module(fixture_source, check=True)
+    result = run_module(fixture_source | without_cuda, check=True)
     assert result["failed"] and result["field"] == "patches" and "the lock pins" in result["msg"]
 
 
-def test_source_that_is_not_the_patch_preimage_is_refused(run_module, fixture_source, fixture_lib, tmp_path):
+def test_source_that_is_not_the_patch_preimage_is_refused(
+    run_module, fixture_source, fixture_lib, tmp_path, without_cuda
+):
     """A pinned archive (the lock agrees with it) whose file differs from what the patch expects."""
     fixture = fixture_lib
     other = tmp_path / "other.tar.gz"
     sha = fixture.write_archive(
         other, fixture.FILES | {"src/ring.h": "#define SWITCHLESS_RING 0 /* drift */\n"}
     )
-    result = run_module(fixture_source | {"source_archive": str(other), "source_sha256": sha})
+    result = run_module(fixture_source | without_cuda | {"source_archive": str(other), "source_sha256": sha})
     assert result["failed"] and result["field"] == "preimage" and "src/ring.h" in result["msg"]
     assert not Path(fixture_source["dest"]).exists()
 
 
-def test_archive_with_another_top_directory_is_refused(run_module, fixture_source, fixture_lib, tmp_path):
+def test_archive_with_another_top_directory_is_refused(
+    run_module, fixture_source, fixture_lib, tmp_path, without_cuda
+):
     fixture = fixture_lib
     other = tmp_path / "renamed.tar.gz"
     sha = fixture.write_archive(other, fixture.FILES, top="nccl-other")
-    result = run_module(fixture_source | {"source_archive": str(other), "source_sha256": sha})
+    result = run_module(fixture_source | without_cuda | {"source_archive": str(other), "source_sha256": sha})
     assert result["failed"] and result["field"] == "source_dir"
 
 
@@ -145,7 +149,7 @@ def test_archive_members_may_not_leave_the_tree(nccl_utils, tmp_path):
     assert not (tmp_path / "out" / "nccl-x").exists()
 
 
-def test_two_builds_of_the_same_inputs_are_byte_identical(run_module, fixture_source, tmp_path):
+def test_two_builds_of_the_same_inputs_are_byte_identical(nvcc, run_module, fixture_source, tmp_path):
     """Every rank builds for itself; launch attestation needs the same sha256 on all of them."""
     first = run_module(fixture_source)
     second = run_module(fixture_source | {"dest": str(tmp_path / "other" / "nccl")})
@@ -153,12 +157,26 @@ def test_two_builds_of_the_same_inputs_are_byte_identical(run_module, fixture_so
 
 
 def test_check_mode_before_the_source_arrives_reports_instead_of_refusing(
-    run_module, fixture_source, tmp_path
+    nvcc, run_module, fixture_source, tmp_path
 ):
     missing = str(tmp_path / "not-copied-yet.tar.gz")
     planned = run_module(fixture_source | {"source_archive": missing}, check=True)
     assert (
         planned["changed"] is True and "not on the node yet" in planned["msg"] and missing in planned["msg"]
     )
-    refused = run_module(fixture_source | {"source_archive": missing})
+
+
+def test_a_missing_source_is_refused_outside_check_mode(run_module, fixture_source, tmp_path, without_cuda):
+    missing = str(tmp_path / "not-copied-yet.tar.gz")
+    refused = run_module(fixture_source | without_cuda | {"source_archive": missing})
     assert refused["failed"] and refused["field"] == "source_archive"
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_good_inputs_on_a_node_without_nvcc_are_refused_naming_cuda_home(
+    run_module, fixture_source, without_cuda, check
+):
+    """Check mode plans what the run would do: both refuse, naming the toolkit, and build nothing."""
+    result = run_module(fixture_source | without_cuda, check=check)
+    assert result["failed"] and result["field"] == "cuda_home" and "no-cuda-toolkit/bin/nvcc" in result["msg"]
+    assert not Path(fixture_source["dest"]).exists()
