@@ -34,7 +34,15 @@ def utc_now() -> str:
 
 
 def git_commit(root: Path = ROOT) -> tuple[str, bool]:
-    """The checked-out commit and whether tracked files differ from it; refuses a tree without git."""
+    """The checked-out commit and whether tracked files differ from it; refuses a tree without git.
+
+    A copy of a checkout without its .git (the device lane ships one) names its commit in
+    SPARKRING_SOURCE_COMMIT (``<sha>``, or ``<sha>+dirty`` when the copy had uncommitted changes).
+    """
+    named = os.environ.get("SPARKRING_SOURCE_COMMIT")
+    if named and not (root / ".git").exists():
+        sha, _, dirty = named.partition("+")
+        return sha, dirty == "dirty"
 
     def git(*argv: str) -> str:
         try:

@@ -10,7 +10,8 @@
  *   consumer: wait until doorbell moves; the command in slot next % SLOTS must carry seq ==
  *             next (anything else, or a doorbell that goes backwards, is a reused or stale
  *             sequence and is refused); run its plan; write status; release-store
- *             done[slot].seq = seq.
+ *             done[slot].seq = seq; raise wake (a GPU stream may wait on that one word with a
+ *             stream memory operation, whose address and value a graph can bake in).
  * A failed ring answers every later command at once with the failure's status, so no waiter
  * (and no GPU stream) is ever left spinning. Mirrored field for field in transport/command_ring.py
  * and transport/csrc/sr_gpu.cu. */
@@ -52,7 +53,9 @@ typedef struct sr_done {
 typedef struct sr_cmdring {
     uint32_t magic;
     uint32_t slots;
-    uint64_t pad0[7];
+    uint32_t wake; /* raised (1) after every answer: a GPU stream waits on it, then lowers it */
+    uint32_t pad;
+    uint64_t pad0[6];
     uint64_t doorbell; /* the latest seq posted (own cache line) */
     uint64_t pad1[7];
     sr_cmd cmd[SR_RING_SLOTS];

@@ -3,15 +3,23 @@
  *
  * One call is: copy the input into the mapped host arena; one thread posts a command on the
  * command ring (sr_cmdring.h) with a sequence taken from a device-side counter, so every graph
- * replay posts a fresh one; it spins (bounded) until the native progress thread
- * (sr_progress.c) answers; then the result is copied out of the arena. Small messages do all
- * of it in one kernel (zero-copy loads and stores on the mapped arena: one graph node); large
- * ones use the copy engines around a one-thread post-and-wait kernel. A failure answer (or,
- * as a last resort, the kernel's own bound) ends the kernel normally and leaves the status in
- * a mapped word the host reads: the stream always completes and the GPU stays usable.
+ * replay posts a fresh one; the stream waits until the native progress thread (sr_progress.c)
+ * answers; then the result is copied out of the arena. Small messages copy inside the kernels
+ * (zero-copy loads and stores on the mapped arena); large ones use the copy engines.
+ *
+ * Two ways to wait, chosen per call:
+ *   STREAM: the post kernel exits; the stream waits on the ring's wake word with a stream
+ *           memory operation (cuStreamWaitValue32; its address and value are constants a
+ *           graph can hold), lowers it, and a finish kernel reads the answer. The GPU is free
+ *           while it waits (other contexts sharing it run).
+ *   SPIN:   one kernel posts and spins on the answer, bounded by its own timer.
+ * A failure answer ends the stream normally with the status in a mapped word the host reads:
+ * the stream completes and the GPU stays usable. In STREAM mode the progress thread must
+ * outlive every graph that captured the ring (as the buffers of any captured collective must).
  *
  * Built on the node by nvcc (sm_121 on GB10, sm_90 on H200) and loaded with ctypes; it uses
  * the primary context, the same one torch uses. */
+#include <cuda.h> /* types of the stream memory operations only: no libcuda link */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
@@ -19,7 +27,9 @@
 #include "sr_cmdring.h"
 
 #define SR_GPU_ETIMEOUT 1 /* enum sr_status SR_ETIMEOUT (sr_wire.h) */
+#define SR_GPU_ESEQ 4     /* enum sr_status SR_ESEQ */
 #define SR_GPU_THREADS 1024
+enum { SR_WAIT_STREAM = 0, SR_WAIT_SPIN = 1 };
 
 /* Mirrored by transport/gpu.py (GpuCall). */
 typedef struct sr_gpu_call {
@@ -32,7 +42,8 @@ typedef struct sr_gpu_call {
     uint64_t in_bytes, out_bytes;
     uint64_t count, in_off, out_off;
     uint32_t plan, op, dtype, fused;
-    uint64_t timeout_ns; /* the kernel's own bound: the progress thread's, plus a margin */
+    uint32_t wait, pad; /* SR_WAIT_STREAM or SR_WAIT_SPIN */
+    uint64_t timeout_ns; /* SPIN's own bound: the progress thread's, plus a margin */
     int *status;         /* mapped host word: the first failure status this stream saw */
 } sr_gpu_call;
 
@@ -78,8 +89,8 @@ __device__ void note_failure(int *status, int st) {
     __threadfence_system();
 }
 
-/* Post one command and wait for its answer; returns its status. One thread. */
-__device__ int post_and_wait(const sr_gpu_call &c) {
+/* Post one command (one thread); returns its sequence, or 0 when the slot stayed busy. */
+__device__ uint64_t post(const sr_gpu_call &c) {
     uint64_t seq = atomicAdd(c.counter, 1ULL) + 1;
     unsigned slot = (unsigned)(seq % SR_RING_SLOTS);
     sr_done *d = &c.ring->done[slot];
@@ -88,7 +99,7 @@ __device__ int post_and_wait(const sr_gpu_call &c) {
     while (seq > SR_RING_SLOTS && ld_acquire_sys(&d->seq) < seq - SR_RING_SLOTS) {
         if (globaltimer_ns() - start > c.timeout_ns) {
             note_failure(c.status, SR_GPU_ETIMEOUT);
-            return SR_GPU_ETIMEOUT;
+            return 0;
         }
     }
     volatile sr_cmd *v = cmd;
@@ -100,18 +111,35 @@ __device__ int post_and_wait(const sr_gpu_call &c) {
     v->out_off = c.out_off;
     st_release_sys(&cmd->seq, seq);
     st_release_sys(&c.ring->doorbell, seq);
+    return seq;
+}
+
+/* The answer to `seq` (already published): its status, noted for the host when nonzero. */
+__device__ int answer_status(const sr_gpu_call &c, uint64_t seq) {
+    const sr_done *d = &c.ring->done[seq % SR_RING_SLOTS];
+    int st = ld_acquire_sys(&d->seq) == seq ? ((volatile const sr_done *)d)->status : SR_GPU_ESEQ;
+    if (st)
+        note_failure(c.status, st);
+    return st;
+}
+
+/* SPIN: post, then wait for the answer under the kernel's own bound. */
+__device__ int post_and_wait(const sr_gpu_call &c) {
+    uint64_t seq = post(c);
+    if (!seq)
+        return SR_GPU_ETIMEOUT;
+    const sr_done *d = &c.ring->done[seq % SR_RING_SLOTS];
+    uint64_t start = globaltimer_ns();
     while (ld_acquire_sys(&d->seq) != seq) {
         if (globaltimer_ns() - start > c.timeout_ns) {
             note_failure(c.status, SR_GPU_ETIMEOUT);
             return SR_GPU_ETIMEOUT;
         }
     }
-    int st = ((volatile sr_done *)d)->status;
-    if (st)
-        note_failure(c.status, st);
-    return st;
+    return answer_status(c, seq);
 }
 
+/* SPIN: copy in (fused), post and wait, copy out (fused). */
 __global__ void sr_collective_kernel(sr_gpu_call c) {
     __shared__ int status;
     if (c.fused) {
@@ -124,6 +152,48 @@ __global__ void sr_collective_kernel(sr_gpu_call c) {
     __syncthreads();
     if (c.fused && status == 0)
         block_copy((unsigned char *)c.dst, c.arena_dev + c.out_off, c.out_bytes, true);
+}
+
+/* STREAM, first half: copy in (fused) and post. */
+__global__ void sr_post_kernel(sr_gpu_call c) {
+    if (c.fused) {
+        block_copy(c.arena_dev + c.in_off, (const unsigned char *)c.src, c.in_bytes, false);
+        __threadfence_system();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        post(c);
+}
+
+/* STREAM, second half (after the wake word): read the answer, copy out (fused). The counter
+ * holds this stream's last sequence: one stream per ring, one command in flight. */
+__global__ void sr_finish_kernel(sr_gpu_call c) {
+    __shared__ int status;
+    if (threadIdx.x == 0)
+        status = answer_status(c, *(volatile unsigned long long *)c.counter);
+    __syncthreads();
+    if (c.fused && status == 0)
+        block_copy((unsigned char *)c.dst, c.arena_dev + c.out_off, c.out_bytes, true);
+}
+
+typedef CUresult (*wait_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+typedef CUresult (*write_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+static wait_value_fn wait_value;
+static write_value_fn write_value;
+
+/* The driver's stream memory operations, through the runtime (no link against libcuda). */
+static int load_stream_ops(void) {
+    if (wait_value && write_value)
+        return 0;
+    cudaDriverEntryPointQueryResult q;
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", (void **)&wait_value, 12000,
+                                                     cudaEnableDefault, &q);
+    if (e == cudaSuccess && q == cudaDriverEntryPointSuccess)
+        e = cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", (void **)&write_value, 12000, cudaEnableDefault,
+                                             &q);
+    if (e == cudaSuccess && q != cudaDriverEntryPointSuccess)
+        e = cudaErrorSymbolNotFound;
+    return (int)e;
 }
 
 static int use_device(int device) {
@@ -174,15 +244,27 @@ int sr_gpu_collective(int device, cudaStream_t stream, const sr_gpu_call *call) 
     if (e)
         return e;
     sr_gpu_call c = *call;
-    if (c.fused) {
-        sr_collective_kernel<<<1, SR_GPU_THREADS, 0, stream>>>(c);
-        return (int)cudaGetLastError();
-    }
-    cudaError_t r = cudaMemcpyAsync(c.arena_host + c.in_off, c.src, c.in_bytes, cudaMemcpyDeviceToHost, stream);
+    unsigned threads = c.fused ? SR_GPU_THREADS : 32;
+    cudaError_t r = cudaSuccess;
+    if (!c.fused)
+        r = cudaMemcpyAsync(c.arena_host + c.in_off, c.src, c.in_bytes, cudaMemcpyDeviceToHost, stream);
     if (r != cudaSuccess)
         return (int)r;
-    sr_collective_kernel<<<1, 32, 0, stream>>>(c);
-    if ((r = cudaGetLastError()) != cudaSuccess)
+    if (c.wait == SR_WAIT_SPIN) {
+        sr_collective_kernel<<<1, threads, 0, stream>>>(c);
+    } else {
+        if ((e = load_stream_ops()))
+            return e;
+        CUdeviceptr wake = (CUdeviceptr)(uintptr_t)&c.ring->wake;
+        sr_post_kernel<<<1, threads, 0, stream>>>(c);
+        if ((r = cudaGetLastError()) != cudaSuccess)
+            return (int)r;
+        if (wait_value((CUstream)stream, wake, 1, CU_STREAM_WAIT_VALUE_EQ) != CUDA_SUCCESS ||
+            write_value((CUstream)stream, wake, 0, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
+            return (int)cudaErrorLaunchFailure;
+        sr_finish_kernel<<<1, threads, 0, stream>>>(c);
+    }
+    if ((r = cudaGetLastError()) != cudaSuccess || c.fused)
         return (int)r;
     return (int)cudaMemcpyAsync(c.dst, c.arena_host + c.out_off, c.out_bytes, cudaMemcpyHostToDevice, stream);
 }

@@ -190,6 +190,7 @@ static void answer(sr_cmdring *r, uint64_t seq, int status, int peer) {
     d->status = status;
     d->peer = peer;
     __atomic_store_n(&d->seq, seq, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->wake, 1u, __ATOMIC_RELEASE);
 }
 
 static void fail(sr_progress *p, const sr_error *e) {

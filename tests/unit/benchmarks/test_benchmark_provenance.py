@@ -51,3 +51,11 @@ def test_a_tracked_change_marks_the_tree_dirty(tmp_path: Path) -> None:
 def test_a_tree_without_git_is_refused_with_the_fix(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"not a git checkout .*run benchmarks from a clone"):
         git_commit(tmp_path)
+
+
+def test_a_copied_tree_names_its_commit_through_the_environment(tmp_path: Path, monkeypatch) -> None:
+    """The device lane runs on a copy of the checkout without .git: the caller names the commit."""
+    monkeypatch.setenv("SPARKRING_SOURCE_COMMIT", "a" * 40 + "+dirty")
+    assert git_commit(tmp_path) == ("a" * 40, True)
+    monkeypatch.setenv("SPARKRING_SOURCE_COMMIT", "b" * 40)
+    assert git_commit(tmp_path) == ("b" * 40, False)
