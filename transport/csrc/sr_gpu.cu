@@ -53,6 +53,12 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t *p) {
     return v;
 }
 
+__device__ __forceinline__ uint32_t ld_acquire_sys_u32(const uint32_t *p) {
+    uint32_t v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ void st_release_sys(uint64_t *p, uint64_t v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -123,19 +129,22 @@ __device__ int answer_status(const sr_gpu_call &c, uint64_t seq) {
     return st;
 }
 
-/* SPIN: post, then wait for the answer under the kernel's own bound. */
+/* SPIN: post, then wait for the answer under the kernel's own bound. Like STREAM it waits on
+ * the wake word and lowers it, so the two modes can follow each other on one ring. */
 __device__ int post_and_wait(const sr_gpu_call &c) {
     uint64_t seq = post(c);
     if (!seq)
         return SR_GPU_ETIMEOUT;
-    const sr_done *d = &c.ring->done[seq % SR_RING_SLOTS];
+    uint32_t *wake = &c.ring->wake;
     uint64_t start = globaltimer_ns();
-    while (ld_acquire_sys(&d->seq) != seq) {
+    while (ld_acquire_sys_u32(wake) != 1u) {
         if (globaltimer_ns() - start > c.timeout_ns) {
             note_failure(c.status, SR_GPU_ETIMEOUT);
             return SR_GPU_ETIMEOUT;
         }
     }
+    *(volatile uint32_t *)wake = 0u;
+    __threadfence_system();
     return answer_status(c, seq);
 }
 

@@ -104,6 +104,15 @@ def host_bytes_and_graphs(spec, port):
         for dim, want in gathers.items():
             if not torch.equal(bits(gpu.all_gather(q.cuda(), dim=dim).cpu()), bits(want)):
                 out["mismatch"].append(f"all_gather dim {dim}")
+        # Every way of waiting and copying gives the same bytes, one after another on one ring.
+        for wait in ("spin", "stream", "spin"):
+            for fused_max in (0, 1 << 40):
+                gpu.wait, gpu.fused_max_bytes = wait, fused_max
+                for n in (4097, 2**20 + 3):
+                    got = gpu.all_reduce(_inputs(spec.rank, n, torch.float16).cuda()).cpu()
+                    if not torch.equal(bits(got), bits(host[(n, torch.float16, "auto")])):
+                        out["mismatch"].append(f"{wait} fused<={fused_max} {n}")
+        gpu.wait, gpu.fused_max_bytes = "stream", 256 << 10
         got_o, got_l = gpu.lse_combine(parts[0].cuda(), parts[1].cuda())
         out["lse_err"] = max(
             (got_o.cpu() - combined[0]).abs().max().item(), (got_l.cpu() - combined[1]).abs().max().item()
