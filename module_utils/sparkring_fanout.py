@@ -28,6 +28,11 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
+try:  # inside an Ansible module
+    from ansible.module_utils.sparkring_geometry import neighbours, world_size_problem
+except ImportError:  # run as a script: module_utils/ is the script's directory, hence on sys.path
+    from sparkring_geometry import neighbours, world_size_problem
+
 DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
 DEFAULT_PORT = 29610
 PROTOCOL = "sparkring-fanout/1"
@@ -147,8 +152,9 @@ class Route:
 
 def plan_routes(world_size: int, rank: int, source: int = 0) -> tuple[list[Route], list[Route]]:
     """Incoming and outgoing routes of ``rank``: each rank is fed along its shorter side."""
-    if world_size < 2 or world_size % 2:
-        raise FanoutError(f"world size {world_size}: the ring needs an even number of ranks >= 2")
+    problem = world_size_problem(world_size)
+    if problem:
+        raise FanoutError(f"world size {world_size}: {problem}")
     if not 0 <= rank < world_size:
         raise FanoutError(f"rank {rank} outside 0..{world_size - 1}")
 
@@ -157,7 +163,7 @@ def plan_routes(world_size: int, rank: int, source: int = 0) -> tuple[list[Route
         if r == source:
             return []
         clockwise = (r - source) % world_size
-        left, right = (r - 1) % world_size, (r + 1) % world_size
+        left, right = neighbours(r, world_size)
         if left == right or clockwise < world_size - clockwise:
             return [Route(left)]
         if clockwise > world_size - clockwise:
@@ -167,7 +173,7 @@ def plan_routes(world_size: int, rank: int, source: int = 0) -> tuple[list[Route
     incoming = feeds(rank)
     outgoing = [
         Route(other, route.modulus, route.residue)
-        for other in ((rank + 1) % world_size, (rank - 1) % world_size)
+        for other in reversed(neighbours(rank, world_size))
         for route in feeds(other)
         if route.peer_rank == rank
     ]

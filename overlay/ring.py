@@ -27,6 +27,7 @@ from typing import Any
 
 from transport import Communicator
 from transport.comm import DEFAULT_TCP_PORT
+from transport.geometry import world_size_problem
 from transport.topology import RingSpec, cable_geometry, from_hostvars
 
 RING_GROUPS = ("tp:", "dcp:")
@@ -69,7 +70,7 @@ class RingGroups:
         self._lock = threading.Lock()
 
     def rides_ring(self, unique_name: str, world: int) -> bool:
-        return unique_name.startswith(RING_GROUPS) and world >= 2 and world % 2 == 0
+        return unique_name.startswith(RING_GROUPS) and world_size_problem(world) is None
 
     def get(self, unique_name: str, rank: int, world: int) -> Communicator | None:
         """The group's communicator (creating it joins the rendezvous), or None if no ring is set."""

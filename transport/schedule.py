@@ -17,20 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from transport.geometry import matching_peers
+
 # Above this many bytes a 4-rank all-reduce uses the ring: using both directions of both
 # cables it moves 0.75x the payload per link direction where the matchings move 2x over one
 # cable at a time, but takes 6 dependent steps instead of 2, so it wins once
 # 1.25 x size / bandwidth exceeds 4 step latencies (~4 MiB at 200 Gb/s, 50 us).
 RING_THRESHOLD_BYTES = 4 << 20
 RING_DIRECTIONS = (1, -1)  # the first half of the buffer goes clockwise, the second back
-
-
-def matching_peers(rank: int, world: int) -> list[int]:
-    """Peers of the matching rounds: round 0 the (2k, 2k+1) partner, round 1 the other neighbour."""
-    if world == 2:
-        return [rank ^ 1]
-    other = (rank - 1) % world if rank % 2 == 0 else (rank + 1) % world
-    return [rank ^ 1, other]
 
 
 def allreduce_algorithm(world: int, nbytes: int, requested: str = "auto") -> str:

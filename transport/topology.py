@@ -1,14 +1,16 @@
 """Who a rank talks to: its ring ports and the cable geometry of the inventory contract.
 
-A rank has one port per ring cable (two on a ring of four or more, one on a pair). The
-geometry is the inventory's: cable i joins rank i (host address .1) and rank (i+1) % N
-(.2) in its own /24, and its cage is i % 2 on both ends.
+A rank has one port per ring cable (two on a ring of four or more, one on a pair). The ring's
+shape is `transport.geometry`'s; `cable_geometry` adds the addressing of the sim and loopback
+rings: cable i in its own /24, rank i on .1 and rank (i + 1) % N on .2.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+
+from transport.geometry import cable_cage, neighbours, ring_cables, world_size_problem
 
 
 @dataclass(frozen=True)
@@ -33,11 +35,12 @@ class RingSpec:
     ports: tuple[Port, ...]
 
     def __post_init__(self) -> None:
-        if self.world < 2 or self.world % 2:
-            raise ValueError(f"world size {self.world}: the ring needs an even number of ranks >= 2")
+        problem = world_size_problem(self.world)
+        if problem:
+            raise ValueError(f"world size {self.world}: {problem}")
         if not 0 <= self.rank < self.world:
             raise ValueError(f"rank {self.rank} is outside 0..{self.world - 1}")
-        want = {(self.rank + 1) % self.world, (self.rank - 1) % self.world}
+        want = set(neighbours(self.rank, self.world))
         have = {p.peer_rank for p in self.ports}
         if have != want or len(self.ports) != len(want):
             raise ValueError(
@@ -55,11 +58,11 @@ class RingSpec:
 
     @property
     def right(self) -> int:
-        return (self.rank + 1) % self.world
+        return neighbours(self.rank, self.world)[1]
 
     @property
     def left(self) -> int:
-        return (self.rank - 1) % self.world
+        return neighbours(self.rank, self.world)[0]
 
 
 def cable_geometry(rank: int, world: int, prefix: str) -> RingSpec:
@@ -67,17 +70,15 @@ def cable_geometry(rank: int, world: int, prefix: str) -> RingSpec:
 
     ``prefix`` is the first two octets (``198.19`` in the sim, ``127.77`` on loopback).
     """
-    cables = 1 if world == 2 else world
     ports = []
-    for cable in range(cables):
-        lo, hi = cable, (cable + 1) % world
+    for cable, (lo, hi) in enumerate(ring_cables(world)):
         if rank not in (lo, hi):
             continue
         mine, theirs = (1, 2) if rank == lo else (2, 1)
         net = ipaddress.ip_network(f"{prefix}.{cable}.0/24")
         ports.append(
             Port(
-                cage=cable % 2,
+                cage=cable_cage(cable, world) or 0,
                 address=str(net[mine]),
                 peer_rank=hi if rank == lo else lo,
                 peer_address=str(net[theirs]),

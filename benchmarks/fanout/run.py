@@ -33,12 +33,12 @@ WORK = Path("/tmp/im-bench-fanout")
 
 
 def load_fanout():
-    spec = importlib.util.spec_from_file_location(
-        "sparkring_fanout", ROOT / "module_utils" / "sparkring_fanout.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sparkring_fanout"] = module
-    spec.loader.exec_module(module)
+    """The fan-out module_utils loaded by path, its geometry import resolved as a script's would be."""
+    for name in ("sparkring_geometry", "sparkring_fanout"):
+        spec = importlib.util.spec_from_file_location(name, ROOT / "module_utils" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
     return module
 
 

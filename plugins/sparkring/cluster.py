@@ -3,9 +3,9 @@
 `cluster.yml` is the only gate between a typo and a four-node outage, so the schema is strict:
 unknown keys are errors, values are never coerced, everything that reaches a shell is checked
 against a conservative character set, and every problem is reported at once as
-`<field path>: <what is wrong and what is expected>`. The geometry functions (cables,
-neighbours, cages, matching rounds) are the single source of the ring's shape: the checks
-here and the hostvars in `sparkring.hostvars` both use them.
+`<field path>: <what is wrong and what is expected>`. The ring's shape (cables, neighbours,
+cages, matching rounds, the world-size rule) comes from `transport.geometry`, as it does for
+the hostvars in `sparkring.hostvars` and for every stage after them.
 """
 
 from __future__ import annotations
@@ -29,73 +29,14 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from transport.geometry import cable_between, cable_cage, ring_cables, world_size_problem
+
 PLUGIN_NAME = "sparkring_cluster"
 SCHEMA_VERSION = 1
 RING_MTU = 9000
 RING_PREFIX = 24
 # A RoCE port's GID table has at most 256 entries (the node reports its own gid_tbl_len).
 MAX_GID_INDEX = 255
-
-# ---------------------------------------------------------------------------------------------
-# Ring geometry: cable i joins rank i and rank (i + 1) % n.
-
-
-class Round(NamedTuple):
-    """One exchange round of a rank: the peer it pairs with and the cable they share."""
-
-    round: int
-    peer: int
-    cable: int
-
-
-def world_size_problem(n: int) -> str | None:
-    """Why `n` ranks cannot form a supported ring (None when they can).
-
-    A pair shares one cable; a ring needs an even size so that its cables split into the two
-    perfect matchings the collectives run as rounds.
-    """
-    if n == 2 or (n >= 4 and n % 2 == 0):
-        return None
-    return f"expected 2 ranks (a pair on one cable) or an even number >= 4 (a ring), got {n}"
-
-
-def ring_cables(n: int) -> list[tuple[int, int]]:
-    """The ends of every cable, by cable index: (i, i + 1 mod n); a pair has one cable."""
-    return [(0, 1)] if n == 2 else [(i, (i + 1) % n) for i in range(n)]
-
-
-def cable_between(a: int, b: int, n: int) -> int | None:
-    """The index of the cable joining ranks `a` and `b`, or None when they are not neighbours."""
-    for index, ends in enumerate(ring_cables(n)):
-        if {a, b} == set(ends):
-            return index
-    return None
-
-
-def neighbours(rank: int, n: int) -> tuple[int, int]:
-    """(left, right): rank - 1 and rank + 1 around the ring; on a pair both are the peer."""
-    return (rank - 1) % n, (rank + 1) % n
-
-
-def cable_cage(cable: int, n: int) -> int | None:
-    """The cage a cable must use on both ends (cage matching): cable i in cage i % 2.
-
-    Round k then drives cage k on every rank at once. A pair has no matching to keep.
-    """
-    return None if n == 2 else cable % 2
-
-
-def matching_rounds(rank: int, n: int) -> list[Round]:
-    """The rounds of `rank`: round k runs over the cables of parity k.
-
-    Round 0 is the (2k, 2k+1) matching (peer rank ^ 1), round 1 the other neighbour (on four
-    ranks rank ^ 3). A pair has a single round over its one cable.
-    """
-    if n == 2:
-        return [Round(0, 1 - rank, 0)]
-    left, right = neighbours(rank, n)
-    return sorted(Round(cable % 2, peer, cable) for peer, cable in ((right, rank), (left, left)))
-
 
 # ---------------------------------------------------------------------------------------------
 # Problems: every rejection is a list of (field path, message) pairs.

@@ -1,14 +1,15 @@
 """The hostvars and groups a validated cluster publishes (the contract later stages read).
 
-Everything ring-shaped (neighbours, peers, rounds) comes from the geometry functions in
-`sparkring.cluster`, so the inventory, the checks and the collectives agree on one ring.
+Everything ring-shaped (neighbours, peers, rounds) comes from `transport.geometry`, so the
+inventory, the checks and the collectives agree on one ring.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sparkring.cluster import Cluster, Rank, RingPort, matching_rounds, neighbours
+from sparkring.cluster import Cluster, Rank, RingPort
+from transport.geometry import matching_rounds, neighbours
 
 HEAD_GROUP = "sparkring_head"
 WORKERS_GROUP = "sparkring_workers"

@@ -25,6 +25,7 @@ def load_module_utils(name: str):
 
 @pytest.fixture(scope="session")
 def fanout():
+    load_module_utils("sparkring_geometry")  # what the fan-out imports, as a script would find it
     return load_module_utils("sparkring_fanout")
 
 
