@@ -19,10 +19,9 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "plugins"))
+from sparkring.lock import LOCK_PATH, load_lock, stale_trees, tree_files
 
-from sparkring.lock import LOCK_PATH, load_lock, stale_trees, tree_files  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PACKAGES = ("transport", "overlay", "sparkcache")
 FILES_ROOT = "/opt/sparkring/src"
@@ -54,7 +53,7 @@ def planned_files(flavor: str, nccl_lib: Path | None) -> tuple[dict[str, bytes],
     if stale:
         raise SystemExit(
             f"images/lock.json does not match the checkout for {sorted(stale)}; refusing to build. "
-            "Refresh it (cd plugins && ../.venv/bin/python -m sparkring.lock refresh) if the change is intended."
+            "Refresh it (.venv/bin/python -m sparkring.lock refresh) if the change is intended."
         )
     names = {"pyproject.toml"} | {name for pkg in PACKAGES for name in tree_files(ROOT, pkg)}
     planned = {f"src/{name}": (ROOT / name).read_bytes() for name in sorted(names)}

@@ -13,15 +13,13 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "plugins"))
+from sparkring.cluster import load_cluster_file
+from sparkring.hostvars import cluster_hostvars
 
-from sparkring.cluster import load_cluster_file  # noqa: E402
-from sparkring.hostvars import cluster_hostvars  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 AGENT = ROOT / "module_utils" / "sparkring_fanout.py"
 PYTHON = "/usr/bin/python3"

@@ -19,8 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from sparkcache.chunks import chunk_keys
 from sparkcache.identity import CacheIdentity
 from sparkcache.pages import LayerLayout, Page, PageError

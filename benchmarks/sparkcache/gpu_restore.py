@@ -23,14 +23,10 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import run
 

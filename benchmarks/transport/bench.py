@@ -34,11 +34,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from transport import netns, schedule
+from transport.topology import cable_geometry
 
-from transport import netns, schedule  # noqa: E402
-from transport.topology import cable_geometry  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 PREFIX = "10.78"
 WORLD = 4

@@ -6,18 +6,11 @@ It only calls `sparkring.launch_spec.render_rank_spec` (the one renderer) so the
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-
-_PLUGINS_DIR = str(Path(__file__).resolve().parents[1])
-if _PLUGINS_DIR not in sys.path:
-    sys.path.insert(0, _PLUGINS_DIR)
-
-from sparkring.launch_spec import NodeCapabilities, container_name, render_rank_spec  # noqa: E402
-from sparkring.profile import ProfileError, load_profile_file  # noqa: E402
+from sparkring.launch_spec import NodeCapabilities, container_name, render_rank_spec
+from sparkring.profile import ProfileError, load_profile_file
 
 HOSTVARS = (
     "sparkring_rank",

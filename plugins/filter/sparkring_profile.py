@@ -5,17 +5,11 @@ NCCL_MODE), so they go through the same strict parser and geometry as the launch
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-
-_PLUGINS_DIR = str(Path(__file__).resolve().parents[1])
-if _PLUGINS_DIR not in sys.path:
-    sys.path.insert(0, _PLUGINS_DIR)
-
-from sparkring.profile import ProfileError, load_profile_file  # noqa: E402
+from sparkring.profile import ProfileError, load_profile_file
 
 
 def sparkring_launch_profile(path: str) -> dict[str, Any]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleParserError
@@ -35,11 +33,7 @@ EXAMPLES = r"""
 #   ansible-inventory -i inventories/example/ring4 --list
 """
 
-# The schema lives in the controller-side package next to this plugin directory.
-_PLUGINS_DIR = str(Path(__file__).resolve().parents[1])
-if _PLUGINS_DIR not in sys.path:
-    sys.path.insert(0, _PLUGINS_DIR)
-
+# The schema lives in the controller-side `sparkring` package (pyproject.toml installs it).
 from sparkring.cluster import ClusterValidationError, load_cluster_file  # noqa: E402
 from sparkring.hostvars import cluster_groups, cluster_hostvars  # noqa: E402
 

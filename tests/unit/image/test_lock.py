@@ -121,5 +121,5 @@ def test_lock_is_current_with_the_sources():
     stale = lock.stale_trees(lock.load_lock())
     assert not stale, (
         f"images/lock.json is stale for {sorted(stale)}: if the source change is intended, run "
-        "`cd plugins && ../.venv/bin/python -m sparkring.lock refresh` and commit images/lock.json"
+        "`.venv/bin/python -m sparkring.lock refresh` and commit images/lock.json"
     )
