@@ -36,11 +36,12 @@ def utc_now() -> str:
 def git_commit(root: Path = ROOT) -> tuple[str, bool]:
     """The checked-out commit and whether tracked files differ from it; refuses a tree without git.
 
-    A copy of a checkout without its .git (the device lane ships one) names its commit in
-    SPARKRING_SOURCE_COMMIT (``<sha>``, or ``<sha>+dirty`` when the copy had uncommitted changes).
+    A copy of a checkout names its commit in SPARKRING_SOURCE_COMMIT (``<sha>``, or
+    ``<sha>+dirty`` when the copy had uncommitted changes), which wins over any .git: the device
+    lane's copy carries a .git that is not the commit the tree was copied from.
     """
     named = os.environ.get("SPARKRING_SOURCE_COMMIT")
-    if named and not (root / ".git").exists():
+    if named:
         sha, _, dirty = named.partition("+")
         return sha, dirty == "dirty"
 

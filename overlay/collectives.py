@@ -6,6 +6,12 @@ take goes to stock (counted as ``fallback``); in ``custom`` mode the ring's resu
 returned; in ``shadow`` mode both run, stock's result is returned, and the two are compared
 within ``EPS``-scaled bounds (mismatches counted). A transport error dumps the flight recorder and
 propagates: a half-working ring must stop the process, not silently diverge between ranks.
+
+CPU tensors go through the host communicator. CUDA tensors go through the GPU collectives
+(transport.gpu): enqueued on the current stream with no host staging, so a call made while a
+CUDA graph is captured rides the ring on every replay (path ``graph`` in the recorder, once
+per capture; the progress thread counts the replays, see RingGroups.stats). Shadow mode
+compares eagerly only: under capture it returns stock alone (path ``shadow_capture``).
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ from overlay.recorder import RECORDER
 from overlay.ring import GROUPS
 
 RING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Shadow-mode envelope: the ring sums in its fixed matching order (fp16/bf16 in fp32, rounded
-# once), gloo and NCCL in theirs, rounding every partial sum; a sum over `world` ranks may then
-# differ by about world x eps x its largest magnitude. Outside that it is a real mismatch.
+# Shadow-mode envelope: the ring adds in its fixed schedule order (transport.schedule), each
+# fp16/bf16 add done in fp32 and rounded back at once, so a four-rank matching sum is rounded
+# after each round ((a0+a1)+(a2+a3), three roundings), as NCCL rounds each of its partial sums;
+# gloo and NCCL add in their own orders, so a sum over `world` ranks may differ by about
+# world x eps x its largest magnitude. Outside that it is a real mismatch.
 EPS = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
 MODE = {"mode": "disabled"}  # set once by the plugin
@@ -32,29 +40,35 @@ def dtype_name(x: torch.Tensor) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
+def capturing(x: torch.Tensor) -> bool:
+    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def ring_for(comm: Any, x: torch.Tensor) -> Any | None:
-    """The transport communicator for this call, or None to use stock."""
+    """The transport collectives for this call (host or GPU, by the tensor's device), or None to use stock."""
     if x.dtype not in RING_DTYPES or x.numel() == 0:
         return None
-    if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None  # host staging cannot be captured into a CUDA graph
     if not GROUPS.rides_ring(comm.unique_name, comm.world_size):
         return None
     if RECORDER.rank is None and comm.unique_name.startswith("tp:"):
         RECORDER.rank = comm.rank_in_group
+    if x.device.type == "cuda":
+        return GROUPS.gpu(comm.unique_name, comm.rank_in_group, comm.world_size)
     return GROUPS.get(comm.unique_name, comm.rank_in_group, comm.world_size)
 
 
 def run_ring(op: str, x: torch.Tensor, call: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The ring's result; on CUDA it is enqueued on the current stream (the time recorded is the enqueue)."""
+    path = "graph" if capturing(x) else "ring"
     start = time.perf_counter()
     try:
-        out = call(x.detach().to("cpu"))
+        out = call(x.detach())
     except Exception:
         RECORDER.count(f"{op}.error")
         RECORDER.dump(f"{op} failed")
         raise
-    RECORDER.record(op, "ring", tuple(x.shape), dtype_name(x), time.perf_counter() - start)
-    return out.to(x.device)
+    RECORDER.record(op, path, tuple(x.shape), dtype_name(x), time.perf_counter() - start)
+    return out
 
 
 def compare(op: str, ring: torch.Tensor, stock: torch.Tensor, world: int) -> None:
@@ -83,6 +97,8 @@ def make_all_reduce(stock: Callable[..., torch.Tensor]) -> Callable[..., torch.T
         ring = ring_for(self, input_)
         if ring is None:
             return _stock("all_reduce", input_, lambda: stock(self, input_), "fallback")
+        if MODE["mode"] == "shadow" and capturing(input_):
+            return _stock("all_reduce", input_, lambda: stock(self, input_), "shadow_capture")
         out = run_ring("all_reduce", input_, ring.all_reduce)
         if MODE["mode"] == "shadow":
             ref = _stock("all_reduce", input_, lambda: stock(self, input_), "stock")
@@ -106,6 +122,8 @@ def make_all_gather(stock: Callable[..., torch.Tensor]) -> Callable[..., torch.T
             return _stock("all_gather", input_, lambda: stock(self, input_, dim), "fallback")
         d = dim % input_.dim()
         op = "dcp_query_all_gather" if self.unique_name.startswith("dcp:") and d == 1 else "all_gather"
+        if MODE["mode"] == "shadow" and capturing(input_):
+            return _stock(op, input_, lambda: stock(self, input_, dim), "shadow_capture")
         out = run_ring(op, input_, lambda x: ring.all_gather(x.contiguous(), dim=d, collective=op))
         if MODE["mode"] == "shadow":
             ref = _stock(op, input_, lambda: stock(self, input_, dim), "stock")

@@ -67,6 +67,7 @@ class RingGroups:
 
     def __init__(self) -> None:
         self._comms: dict[str, Communicator] = {}
+        self._gpus: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def rides_ring(self, unique_name: str, world: int) -> bool:
@@ -91,9 +92,38 @@ class RingGroups:
                 )
             return self._comms[unique_name]
 
-    def stats(self) -> dict[str, Any]:
+    def gpu(self, unique_name: str, rank: int, world: int) -> Any | None:
+        """The group's GPU collectives (transport.gpu, stream-ordered and capturable), created on
+        the group's first CUDA collective; None if no ring is set, or if that first call comes
+        while a CUDA graph is being captured (its pinned arena cannot be allocated then)."""
+        import torch
+
         with self._lock:
-            return {name: comm.stats() for name, comm in self._comms.items()}
+            known = self._gpus.get(unique_name)
+        if known is not None:
+            return known
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        comm = self.get(unique_name, rank, world)
+        if comm is None:
+            return None
+        from transport.gpu import GpuCollectives
+
+        with self._lock:
+            if unique_name not in self._gpus:
+                self._gpus[unique_name] = GpuCollectives(
+                    comm, arena_bytes=int(os.environ.get("SPARKRING_GPU_ARENA_BYTES", 64 << 20))
+                )
+            return self._gpus[unique_name]
+
+    def stats(self) -> dict[str, Any]:
+        """Per group: the engine's per-neighbour counters, and (GPU groups) the progress thread's
+        commands per collective, which include every CUDA graph replay."""
+        with self._lock:
+            out: dict[str, Any] = {name: comm.stats() for name, comm in self._comms.items()}
+            for name, gpu in self._gpus.items():
+                out[f"{name}.progress"] = gpu.stats()
+            return out
 
 
 GROUPS = RingGroups()

@@ -23,6 +23,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -91,6 +92,12 @@ def build_key(sources: list[Path], extra: list[str]) -> str:
     return h.hexdigest()[:20]
 
 
+def cached_path(name: str, sources: list[Path], extra: list[str], cc: list[str] | None = None) -> Path:
+    """Where compile_cached puts (or finds) this build: cache_root()/<key>/name."""
+    identity = [_compiler_identity(cc[0]), *cc] if cc else []
+    return cache_root() / build_key(sources, [*identity, *extra]) / name
+
+
 def compile_cached(
     name: str, sources: list[Path], extra: list[str], executable: bool = False, cc: list[str] | None = None
 ) -> Path:
@@ -98,9 +105,8 @@ def compile_cached(
 
     ``cc`` replaces the C compiler and CFLAGS (the CUDA library is built by nvcc).
     """
-    identity = [_compiler_identity(cc[0]), *cc] if cc else []
-    key_dir = cache_root() / build_key(sources, [*identity, *extra])
-    target = key_dir / name
+    target = cached_path(name, sources, extra, cc)
+    key_dir = target.parent
     if target.exists():
         return target
     key_dir.mkdir(parents=True, exist_ok=True)
@@ -121,10 +127,47 @@ def compile_cached(
     return target
 
 
+@dataclass(frozen=True)
+class NativeLib:
+    """One native library exactly as the transport builds and loads it (the build stage builds
+    the same ones on each node: roles/transport_build/files/build_engine.py)."""
+
+    name: str
+    sources: tuple[Path, ...]
+    extra: tuple[str, ...] = ()
+    cc: tuple[str, ...] | None = None  # None: the C compiler with CFLAGS
+
+    def path(self) -> Path:
+        return cached_path(
+            self.name, list(self.sources), list(self.extra), list(self.cc) if self.cc else None
+        )
+
+    def build(self) -> Path:
+        return compile_cached(
+            self.name, list(self.sources), list(self.extra), cc=list(self.cc) if self.cc else None
+        )
+
+
+ENGINE = NativeLib("libsr_engine.so", (CSRC / "sr_engine.c",))
+VERBS = NativeLib("libsr_verbs.so", (CSRC / "sr_verbs.c",), ("-libverbs",))
+PROGRESS = NativeLib("libsr_progress.so", (CSRC / "sr_progress.c",), ("-lpthread",))
+
+
+def gpu_library(arch: str) -> NativeLib:
+    """The GPU producer (sr_gpu.cu) for one architecture (sm_121 on GB10, sm_90 on H200)."""
+    return NativeLib("libsr_gpu.so", (CSRC / "sr_gpu.cu",), (), tuple(gpu_build_flags(arch)))
+
+
+def node_libraries(verbs: bool, cuda_arch: str | None) -> list[NativeLib]:
+    """What a node runs: the tcp engine and the progress thread, the verbs engine on RoCE, the
+    GPU producer where there is a GPU."""
+    return [ENGINE, PROGRESS, *([VERBS] if verbs else []), *([gpu_library(cuda_arch)] if cuda_arch else [])]
+
+
 @functools.cache
 def engine() -> ctypes.CDLL:
     """The tcp progress engine with its C signatures declared."""
-    lib = ctypes.CDLL(str(compile_cached("libsr_engine.so", [CSRC / "sr_engine.c"], [])))
+    lib = ctypes.CDLL(str(ENGINE.build()))
     vp, sz, u32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32
     lib.sr_abi_version.restype = ctypes.c_int
     lib.sr_checksum.argtypes = [vp, sz]
@@ -160,7 +203,7 @@ def engine() -> ctypes.CDLL:
 @functools.cache
 def progress() -> ctypes.CDLL:
     """The command ring's progress thread (sr_progress.c) with its C signatures declared."""
-    lib = ctypes.CDLL(str(compile_cached("libsr_progress.so", [CSRC / "sr_progress.c"], ["-lpthread"])))
+    lib = ctypes.CDLL(str(PROGRESS.build()))
     vp, u32, u64, i = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
     err = ctypes.POINTER(SrError)
     lib.sr_progress_new.argtypes = [vp, vp, u64, vp, vp, ctypes.POINTER(vp), i, i, i, u32]
@@ -200,10 +243,6 @@ def cuda_arch() -> str:
     return f"sm_{major}{minor}"
 
 
-def gpu_sources() -> list[Path]:
-    return [CSRC / "sr_gpu.cu"]
-
-
 def gpu_build_flags(arch: str) -> list[str]:
     """nvcc and its flags for the GPU producer library (one architecture, real code only)."""
     num = arch.removeprefix("sm_")
@@ -213,7 +252,7 @@ def gpu_build_flags(arch: str) -> list[str]:
 @functools.cache
 def gpu() -> ctypes.CDLL:
     """The GPU producer (sr_gpu.cu), built for this node's GPU, with its C signatures declared."""
-    lib = ctypes.CDLL(str(compile_cached("libsr_gpu.so", gpu_sources(), [], cc=gpu_build_flags(cuda_arch()))))
+    lib = ctypes.CDLL(str(gpu_library(cuda_arch()).build()))
     vp, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     lib.sr_gpu_host_alloc.argtypes = [i, sz, ctypes.POINTER(vp), ctypes.POINTER(vp)]
     lib.sr_gpu_host_free.argtypes = [vp]

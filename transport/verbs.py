@@ -23,7 +23,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from transport._native import CSRC, NativeBuildError, cache_root, compile_cached
+from transport._native import VERBS, NativeBuildError, cache_root, compile_cached
 from transport.errors import NoRdmaError, TransportError, VerbsLayoutError
 
 c_int, c_u8, c_u16, c_u32, c_u64, c_void_p = (
@@ -169,7 +169,7 @@ def measured_layouts() -> dict:
 def libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     """(libibverbs, our verbs engine), after the layout check."""
     try:
-        engine_path = compile_cached("libsr_verbs.so", [CSRC / "sr_verbs.c"], ["-libverbs"])
+        engine_path = VERBS.build()
         check_layouts(measured_layouts())
     except NativeBuildError as exc:
         raise NoRdmaError(f"the verbs fabric cannot be built here (install libibverbs-dev): {exc}") from exc

@@ -5,7 +5,7 @@ The transport compiles its engine on first use into a cache keyed by the sources
 compiler and the flags (transport/_native.py). The build stage runs this once per node so
 that the first collective does not pay for a compile, and records each library's sha256:
 
-    build_engine.py [--inspect] [--verbs]   ->  {"needs_build": bool, "libraries": {...}}
+    build_engine.py [--inspect] [--verbs] [--cuda-arch sm_121]  ->  {"needs_build": bool, "libraries": {...}}
 
 `--inspect` only reports what a build would do (check mode); without it, missing
 libraries are built. Run with PYTHONPATH at the installed package and
@@ -33,20 +33,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inspect", action="store_true", help="report only; build nothing")
     parser.add_argument("--verbs", action="store_true", help="also the verbs engine (needs libibverbs-dev)")
+    parser.add_argument("--cuda-arch", help="also the GPU command ring producer for this sm_XY (needs nvcc)")
     args = parser.parse_args()
     from transport import _native
 
-    # (library, sources, extra flags): exactly what transport._native and transport.verbs build.
-    wanted = [("libsr_engine.so", [_native.CSRC / "sr_engine.c"], [])]
-    if args.verbs:
-        wanted.append(("libsr_verbs.so", [_native.CSRC / "sr_verbs.c"], ["-libverbs"]))
-    targets = {
-        name: _native.cache_root() / _native.build_key(src, extra) / name for name, src, extra in wanted
-    }
+    wanted = _native.node_libraries(args.verbs, args.cuda_arch)
+    targets = {lib.name: lib.path() for lib in wanted}
     needs_build = not all(path.exists() for path in targets.values())
     if not args.inspect:
-        for name, src, extra in wanted:
-            _native.compile_cached(name, src, extra)
+        for lib in wanted:
+            lib.build()
     libraries = {
         name: {"path": str(path), "sha256": sha256(path) if path.exists() else None}
         for name, path in targets.items()

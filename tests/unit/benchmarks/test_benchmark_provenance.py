@@ -54,8 +54,9 @@ def test_a_tree_without_git_is_refused_with_the_fix(tmp_path: Path) -> None:
 
 
 def test_a_copied_tree_names_its_commit_through_the_environment(tmp_path: Path, monkeypatch) -> None:
-    """The device lane runs on a copy of the checkout without .git: the caller names the commit."""
+    """The device lane runs on a copy of the checkout (with a stale .git): the caller names the commit."""
     monkeypatch.setenv("SPARKRING_SOURCE_COMMIT", "a" * 40 + "+dirty")
     assert git_commit(tmp_path) == ("a" * 40, True)
+    assert git_commit(ROOT) == ("a" * 40, True)  # it wins over a checkout's own .git
     monkeypatch.setenv("SPARKRING_SOURCE_COMMIT", "b" * 40)
     assert git_commit(tmp_path) == ("b" * 40, False)

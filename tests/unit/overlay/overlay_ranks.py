@@ -29,8 +29,8 @@ def _entry(
         import torch
         import torch.distributed as dist
 
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
+        if backend == "nccl" or env.get("SPARKRING_TEST_CUDA"):
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, rank=rank, world_size=world)
         try:
             queue.put((rank, "ok", fn(rank, world)))
