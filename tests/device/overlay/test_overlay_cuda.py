@@ -91,7 +91,9 @@ def _exercise(rank: int, world: int) -> dict:
             out["reduce"][f"{dtype}/{numel}"] = (
                 got.device.type,
                 got.dtype == dtype,
-                (got - stock).abs().max().item(),
+                (got.float() - stock.float()).abs().max().item(),
+                # Two summation orders may differ by this much (the shadow envelope); 0 on two ranks.
+                world * collectives.EPS[dtype] * 2 * stock.float().abs().max().item() if world > 2 else 0.0,
             )
     g = torch.arange(6, dtype=torch.float32, device="cuda").reshape(2, 3) + 10 * rank
     out["gather"] = gather(tp, g, -1).tolist()
@@ -115,8 +117,11 @@ def _exercise(rank: int, world: int) -> dict:
         graph.replay()
         want = StockCommunicator.all_reduce(tp, static)
         torch.cuda.synchronize()
-        max_err = max(max_err, (captured.float() - want.float()).abs().max().item())
-    out["captured_err"] = max_err
+        bound = (
+            world * collectives.EPS[torch.float16] * 2 * want.float().abs().max().item() if world > 2 else 0.0
+        )
+        max_err = max(max_err, (captured.float() - want.float()).abs().max().item() - bound)
+    out["captured_err"] = max(max_err, 0.0)
     out["graph_replays_on_ring"] = GROUPS.stats()["tp:0.progress"]["all_reduce"] - before
     out["counters"] = RECORDER.snapshot("test")["counters"]
     return out
@@ -124,15 +129,19 @@ def _exercise(rank: int, world: int) -> dict:
 
 @pytest.mark.parametrize("mode", ["custom", "shadow"])
 @pytest.mark.parametrize("backend", ["nccl", "gloo"])
-def test_overlay_cuda_path(mode: str, backend: str) -> None:
-    reason = gpus_missing_reason(backend)
+@pytest.mark.parametrize("world", [2, 4])
+def test_overlay_cuda_path(mode: str, backend: str, world: int) -> None:
+    reason = gpus_missing_reason(backend, world)
     if reason:
         pytest.skip(reason)
-    for res in run_group(_exercise, 2, timeout_s=300, backend=backend, MODE=mode, SPARKRING_TEST_CUDA="1"):
-        for case, (device, same_dtype, err) in res["reduce"].items():
+    runs = run_group(_exercise, world, timeout_s=600, backend=backend, MODE=mode, SPARKRING_TEST_CUDA="1")
+    for res in runs:
+        for case, (device, same_dtype, err, bound) in res["reduce"].items():
             # Two ranks: a0 + a1 is one rounding in either order, so ring and stock agree exactly.
-            assert device == "cuda" and same_dtype and err == 0.0, (case, err)
-        assert res["gather"] == [[0, 1, 2, 10, 11, 12], [3, 4, 5, 13, 14, 15]]
+            assert device == "cuda" and same_dtype and err <= bound, (case, err, bound)
+        assert res["gather"] == [
+            [c + 10 * r for r in range(world) for c in row] for row in ([0, 1, 2], [3, 4, 5])
+        ]
         c = res["counters"]
         assert c["all_reduce.ring"] == len(DTYPES) * 3 + 1  # + the warm-up outside capture
         assert c["all_gather.ring"] == 1
