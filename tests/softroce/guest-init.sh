@@ -159,6 +159,7 @@ phase_transport_build() { guest_transport build; }
 phase_transport_verbs() { guest_transport verbs; }
 phase_transport_probe() { guest_transport probe; }
 phase_transport_allreduce() { guest_transport allreduce; }
+phase_transport_cmdring() { guest_transport cmdring; }
 
 finish() {
 	# Where packets went missing, if rxe had to retransmit.
@@ -182,7 +183,7 @@ main() {
 	say "boot done ($(cut -d' ' -f1 /proc/uptime) s), rank $RANK $ADDR peer $PEER phases $PHASES"
 
 	# Bounds are ~4x a quiet run's figures (TCG guests crawl when the host is busy) and add up
-	# to 1800 s: within run.sh's bound on the guests, so a guest always reports, even when its
+	# to 2100 s: within run.sh's bound on the guests, so a guest always reports, even when its
 	# peer died.
 	run_phase net 30 phase_net
 	NIC=$(nics | head -n 1)
@@ -195,6 +196,7 @@ main() {
 	run_phase transport_verbs 180 phase_transport_verbs
 	run_phase transport_probe 300 phase_transport_probe
 	run_phase transport_allreduce 420 phase_transport_allreduce
+	run_phase transport_cmdring 300 phase_transport_cmdring
 	finish
 }
 

@@ -14,6 +14,9 @@ and the exit status is the verdict:
                all-reduce burn, every payload verified
     allreduce  2-rank all-reduce (exchange and ring schedules; fp32, fp16; 1 KiB to
                4 MiB) against the numpy reference, byte for byte
+    cmdring    the same all-reduces and an all-gather posted on the command ring and run by
+               the native progress thread over the verbs fabric (the GPU's path, with a
+               host thread as the producer), byte for byte
 
 Each step writes its figures as JSON to $RESULTS/transport_<step>.json.
 """
@@ -40,7 +43,7 @@ from transport.buffers import F16, F32
 RESULTS = Path(os.environ.get("RESULTS", "/results"))
 # Every step rendezvouses on its own port: a rank that finished a step early dials the next
 # one while its peer may still hold the previous port (the dial retries, bounded).
-TCP_PORTS = {"verbs": 18700, "probe": 18710, "allreduce": 18720}
+TCP_PORTS = {"verbs": 18700, "probe": 18710, "allreduce": 18720, "cmdring": 18730}
 COLLECTIVE_TIMEOUT_S = 60.0  # TCG guests move ~10 MB/s
 SETUP_TIMEOUT_S = 150.0
 WRITE_SIZES = (64, 4096, 1 << 20)  # 1 MiB spans several 256 KiB slots of the window
@@ -227,7 +230,42 @@ def step_allreduce(args: argparse.Namespace) -> str:
     )
 
 
-STEPS = {"build": step_build, "verbs": step_verbs, "probe": step_probe, "allreduce": step_allreduce}
+def step_cmdring(args: argparse.Namespace) -> str:
+    from transport.command_ring import CommandRing, host_memory
+
+    runs, mismatches = [], 0
+    with _communicator(args, "cmdring") as comm:
+        ring = CommandRing(comm, host_memory(2 * max(ALLREDUCE_SIZES) + 4096), spin_us=50)
+        for algorithm, (np_type, code), size in itertools.product(
+            ("exchange", "ring"), ((np.float32, F32), (np.float16, F16)), ALLREDUCE_SIZES
+        ):
+            n = size // np.dtype(np_type).itemsize
+            inputs = [np.random.default_rng(size * 37 + r).standard_normal(n).astype(np_type) for r in (0, 1)]
+            want = reference.all_reduce(inputs, code, algorithm).view(np.uint8)
+            bad = int(not np.array_equal(ring.all_reduce(inputs[args.rank], algorithm).view(np.uint8), want))
+            mismatches += bad
+            runs.append({"collective": "all_reduce", "algorithm": algorithm, "dtype": np.dtype(np_type).name,
+                         "size_bytes": size, "mismatches": bad})  # fmt: skip
+        blocks = [_pattern(4096, r).view(np.float32) for r in (0, 1)]
+        got = ring.all_gather(blocks[args.rank]).view(np.uint8)  # random bytes: compare bits (NaN too)
+        bad = int(not np.array_equal(got, np.concatenate(blocks).view(np.uint8)))
+        mismatches += bad
+        runs.append({"collective": "all_gather", "size_bytes": 4096, "mismatches": bad})
+        stats = ring.stats()
+        ring.close()
+    _save("cmdring", {"runs": runs, "mismatches": mismatches, "progress_stats": stats})
+    if mismatches or stats["errors"] or stats["refused"]:
+        raise SystemExit(f"command ring over verbs: {mismatches} mismatches, progress thread {stats}")
+    return f"{len(runs)} collectives through the progress thread over verbs byte-identical, 0 mismatches"
+
+
+STEPS = {
+    "build": step_build,
+    "verbs": step_verbs,
+    "probe": step_probe,
+    "allreduce": step_allreduce,
+    "cmdring": step_cmdring,
+}
 
 
 def main() -> int:

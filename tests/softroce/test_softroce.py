@@ -39,6 +39,7 @@ PHASES = [
     "transport_verbs",
     "transport_probe",
     "transport_allreduce",
+    "transport_cmdring",
 ]
 
 
@@ -125,3 +126,6 @@ def test_probe_and_allreduce_byte_exact(summary: dict) -> None:
         assert [b["mismatches"] for b in probe["burns"]] == [0, 0], probe["burns"]
         allreduce = _transport_json(summary, rank, "transport_allreduce", "transport_allreduce.json")
         assert allreduce["mismatches"] == 0 and len(allreduce["runs"]) == 16, allreduce
+        cmdring = _transport_json(summary, rank, "transport_cmdring", "transport_cmdring.json")
+        assert cmdring["mismatches"] == 0 and len(cmdring["runs"]) == 17, cmdring
+        assert cmdring["progress_stats"]["all_reduce"] == 16 and cmdring["progress_stats"]["errors"] == 0
