@@ -21,19 +21,14 @@ from pathlib import Path
 
 from sparkring.lock import LOCK_PATH, load_lock, stale_trees, tree_files
 
+from transport.integrity import sha256_file
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PACKAGES = ("transport", "overlay", "sparkcache")
 FILES_ROOT = "/opt/sparkring/src"
 NCCL_IN_IMAGE = "/opt/sparkring/nccl/lib/libnccl.so.2"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+INTEGRITY = "sparkring_integrity.py"
 
 
 def write_if_changed(path: Path, data: bytes) -> bool:
@@ -60,6 +55,8 @@ def planned_files(flavor: str, nccl_lib: Path | None) -> tuple[dict[str, bytes],
     containerfile = ROOT / "images" / ("sim/Containerfile" if flavor == "sim" else "Containerfile")
     planned["Containerfile"] = containerfile.read_bytes()
     planned["entrypoint.py"] = (ROOT / "images" / "entrypoint.py").read_bytes()
+    # The entrypoint and the launch's in-image probe hash with the image's own copy of it.
+    planned[INTEGRITY] = (ROOT / "module_utils" / INTEGRITY).read_bytes()
     planned["lock.json"] = LOCK_PATH.read_bytes()
     nccl = None
     if flavor == "sim":

@@ -11,23 +11,17 @@ $SPARKRING_ATTEST_PATH when set) and only then execs `vllm ARGS...`. Any mismatc
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 from importlib import metadata
 
+# The image's copy of module_utils/sparkring_integrity.py, beside this file (the script's folder
+# is on the path): the same hashing and secret names as everywhere else.
+from sparkring_integrity import redact_env, sha256_file
+
 IMAGE_JSON = os.environ.get("SPARKRING_IMAGE_JSON", "/opt/sparkring/image.json")
 EX_CONFIG = 78
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
-
-
-def sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def attest(image: dict) -> tuple[dict, list[str]]:
@@ -52,11 +46,9 @@ def attest(image: dict) -> tuple[dict, list[str]]:
         vllm_version = None
     if vllm_version != image["vllm_version"]:
         problems.append(f"vllm {vllm_version} installed, the image was built for {image['vllm_version']}")
-    env = {
-        key: ("<redacted>" if any(marker in key.upper() for marker in SECRET_MARKERS) else value)
-        for key, value in sorted(os.environ.items())
-        if key.startswith(("SPARKRING_", "VLLM_", "NCCL_"))
-    }
+    env = redact_env(
+        {key: value for key, value in os.environ.items() if key.startswith(("SPARKRING_", "VLLM_", "NCCL_"))}
+    )
     record = {
         "lock_sha256": image["lock_sha256"],
         "sources_sha256": image["sources_sha256"],

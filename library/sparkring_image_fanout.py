@@ -189,7 +189,6 @@ from ansible.module_utils.sparkring_fanout import (
     RankConfig,
     check_space,
     final_state,
-    write_json_atomic,
 )
 from ansible.module_utils.sparkring_fanout_docker import (
     DockerError,
@@ -199,6 +198,7 @@ from ansible.module_utils.sparkring_fanout_docker import (
     load_archive,
     root_dir,
 )
+from ansible.module_utils.sparkring_integrity import write_json_atomic
 
 
 class ImageFanout:

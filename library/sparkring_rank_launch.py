@@ -165,8 +165,8 @@ from ansible.module_utils.sparkring_attest import (
     digest,
     disagreements,
     redact_argv,
-    redact_env,
 )
+from ansible.module_utils.sparkring_integrity import redact_env
 
 MANIFEST_HASH_LIMIT = 64 * 1024 * 1024
 SHOWN_PROBLEMS = 12
@@ -271,7 +271,8 @@ class RankLauncher:
 
     def image_files(self) -> dict:
         """Hash the NCCL library and the packages inside the image, in a throwaway container."""
-        args = ["run", "--rm", "--network", "none", "--entrypoint", "python3", self.spec["image"]]
+        args = ["run", "--rm", "--network", "none", "--workdir", "/opt/sparkring", "--entrypoint", "python3"]
+        args += [self.spec["image"]]
         args += ["-c", IMAGE_PROBE, self.params["nccl_path"], *self.params["packages"]]
         rc, out, err = self.docker(*args, check=False)
         if rc != 0:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 
+try:  # inside an Ansible module
+    from ansible.module_utils.sparkring_integrity import REDACTED, is_secret_name
+except ImportError:  # imported or run from module_utils/ itself (tests, scripts)
+    from sparkring_integrity import REDACTED, is_secret_name
+
 SCHEMA = 1
-REDACTED = "<redacted>"
 RANK_MASK = "<rank-specific>"
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
 
 # Environment derived from the rank's own inventory entry (its address, its NICs, its core).
 RANK_ENV = frozenset(
@@ -33,51 +36,27 @@ RANK_VALUE_FLAGS = frozenset({"--name", "--node-rank"})
 HEAD_ONLY_FLAGS = frozenset({"--host", "--port"})
 WORKER_ONLY_FLAGS = frozenset({"--headless"})
 
-# Runs INSIDE the image (`docker run --rm --network none --entrypoint python3 IMAGE -c ...`), so
-# the hashes are of the bytes the container will load, not of the host's copies.
+# Runs INSIDE the image (`docker run --rm --network none --workdir /opt/sparkring --entrypoint python3
+# IMAGE -c ...`), so the hashes are of the bytes the container will load, not of the host's copies;
+# the hashing is the image's own copy of sparkring_integrity (beside the entrypoint, on the path as
+# the working directory).
 # argv: the NCCL library path, then the package names. Prints one JSON object.
 IMAGE_PROBE = r"""
-import hashlib, importlib.util, json, os, sys
-
-def sha_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-def sha_tree(top):
-    names = []
-    for folder, dirs, files in os.walk(top):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        names += [os.path.join(folder, f) for f in files if not f.endswith(".pyc")]
-    digest = hashlib.sha256()
-    for name in sorted(os.path.relpath(n, top) for n in names):
-        digest.update(("%s\0%s\n" % (name, sha_file(os.path.join(top, name)))).encode())
-    return digest.hexdigest()
+import importlib.util, json, os, sys
+from sparkring_integrity import package_files, sha256_file, tree_sha256
 
 out = {"python": sys.executable, "nccl": {"path": sys.argv[1], "sha256": None}, "packages": {}}
 if os.path.isfile(sys.argv[1]):
-    out["nccl"]["sha256"] = sha_file(sys.argv[1])
+    out["nccl"]["sha256"] = sha256_file(sys.argv[1])
 for name in sys.argv[2:]:
     spec = importlib.util.find_spec(name)
     places = list(spec.submodule_search_locations or []) if spec else []
-    out["packages"][name] = {"path": places[0], "sha256": sha_tree(places[0])} if places else {"path": None, "sha256": None}
+    top = places[0] if places else None
+    out["packages"][name] = {"path": top, "sha256": tree_sha256(top, package_files(top)) if top else None}
 image_json = "/opt/sparkring/image.json"
-out["image_json_sha256"] = sha_file(image_json) if os.path.isfile(image_json) else None
+out["image_json_sha256"] = sha256_file(image_json) if os.path.isfile(image_json) else None
 print(json.dumps(out, sort_keys=True))
 """
-
-
-def is_secret_name(name: str) -> bool:
-    """Names that carry credentials by convention (HF_TOKEN, VLLM_API_KEY, ...)."""
-    upper = name.upper()
-    return any(marker in upper for marker in SECRET_MARKERS)
-
-
-def redact_env(env: dict[str, str]) -> dict[str, str]:
-    """The environment as it may be written down: secret-named values replaced."""
-    return {key: (REDACTED if is_secret_name(key) else value) for key, value in sorted(env.items())}
 
 
 def redact_argv(argv: list[str]) -> list[str]:

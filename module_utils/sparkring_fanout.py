@@ -30,8 +30,10 @@ from dataclasses import asdict, dataclass, field
 
 try:  # inside an Ansible module
     from ansible.module_utils.sparkring_geometry import neighbours, world_size_problem
+    from ansible.module_utils.sparkring_integrity import sha256_file, write_json_atomic
 except ImportError:  # run as a script: module_utils/ is the script's directory, hence on sys.path
     from sparkring_geometry import neighbours, world_size_problem
+    from sparkring_integrity import sha256_file, write_json_atomic
 
 DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
 DEFAULT_PORT = 29610
@@ -128,14 +130,6 @@ def build_manifest(path: str, chunk_size: int = DEFAULT_CHUNK_SIZE, **image: obj
         for block in iter(lambda: handle.read(1 << 20), b""):
             builder.update(block)
     return builder.finish(os.path.basename(path), **image)
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -282,7 +276,7 @@ class ChunkStore:
         if len(self.have) != self.count:
             raise FanoutError(f"{self.partial_path}: {self.count - len(self.have)} chunks still missing")
         os.fsync(self.fd)
-        actual = file_sha256(self.partial_path)
+        actual = sha256_file(self.partial_path)
         if actual != self.manifest.sha256:
             raise FanoutError(
                 f"{self.partial_path}: sha256 {actual} != manifest {self.manifest.sha256} although every "
@@ -307,7 +301,7 @@ def final_state(final_path: str, manifest: Manifest) -> str:
         return "different"
     if os.path.getsize(final_path) != manifest.size:
         return "different"
-    return "verified" if file_sha256(final_path) == manifest.sha256 else "different"
+    return "verified" if sha256_file(final_path) == manifest.sha256 else "different"
 
 
 def bytes_needed(final_path: str, manifest: Manifest) -> int:
@@ -615,17 +609,6 @@ class RankAgent:
             write_json_atomic(self.config.progress_path, state)
         if self.progress is not None:
             self.progress(state)
-
-
-def write_json_atomic(path: str, data: object) -> None:
-    """Write, fsync, rename: a reader sees the old file or the new one, never half of one."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def config_from_dict(data: dict) -> RankConfig:

@@ -17,10 +17,11 @@ ELF64 little-endian only (x86_64 and aarch64, the two machines SparkRing runs on
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from dataclasses import dataclass, field
+
+from ansible.module_utils.sparkring_integrity import sha256_file
 
 # auxv, program headers, dynamic tags (elf.h)
 AT_PHDR, AT_PHENT, AT_PHNUM = 3, 4, 5
@@ -223,14 +224,6 @@ def read_imports(handle, path: str, wanted=lambda name: True) -> ElfImports:
             if wanted(name):
                 slots.append((name, r_offset))
     return ElfImports(machine, soname, needed, slots)
-
-
-def sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def object_file(pid: int, obj: LoadedObject) -> str:

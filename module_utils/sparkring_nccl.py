@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ansible.module_utils.sparkring_integrity import sha256_file
+
 ATTESTATION_SCHEMA = 1
 LIBRARY = "lib/libnccl.so.2"
 ATTESTATION = "attestation.json"
@@ -99,14 +101,6 @@ class BuildRequest:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def parse_patch(text: str, name: str) -> ParsedPatch:

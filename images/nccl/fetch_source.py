@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +31,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
+
+from transport.integrity import sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "images" / "lock.json"
@@ -46,14 +47,6 @@ class FetchError(Exception):
 
 class SourceUnreachable(FetchError):
     """The archive's host did not answer (no network here): nothing was judged."""
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def release_of(lock: dict, version: str | None) -> tuple[str, dict]:

@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from transport.geometry import cable_between, cable_cage, ring_cables, world_size_problem
+from transport.integrity import is_secret_name
 
 PLUGIN_NAME = "sparkring_cluster"
 SCHEMA_VERSION = 1
@@ -76,7 +77,6 @@ def _show(value: object) -> str:
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
 _DOTTED_NUMBERS = re.compile(r"[0-9.]+")
-_SECRET_KEY = re.compile(r"token|passw|secret|api[_-]?key|credential|passphrase|^private_key$", re.I)
 _SECRET_MESSAGE = "looks like a secret: secrets never live in cluster.yml; supply them from Ansible Vault or the environment"
 
 
@@ -673,7 +673,7 @@ def _strip_secrets(data: object, loc: tuple[int | str, ...], found: list[Problem
     if isinstance(data, dict):
         kept = {}
         for key, value in data.items():
-            if isinstance(key, str) and _SECRET_KEY.search(key):
+            if isinstance(key, str) and is_secret_name(key):
                 found.append(Problem(_path((*loc, key)), _SECRET_MESSAGE))
             else:
                 kept[key] = _strip_secrets(value, (*loc, key), found)

@@ -8,7 +8,6 @@ rewrites the tree hashes when the sources changed on purpose.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from transport import integrity
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK_PATH = ROOT / "images" / "lock.json"
@@ -180,11 +181,9 @@ def tree_files(root: Path, path: str) -> list[str]:
 
 def tree_sha256(path: str, root: Path = ROOT) -> str:
     """sha256 over `relative-path NUL file-sha256 LF` lines, sorted: names and contents, no mtimes."""
-    digest = hashlib.sha256()
-    for name in tree_files(root, path):
-        content = hashlib.sha256((root / name).read_bytes()).hexdigest()
-        digest.update(f"{Path(name).relative_to(path)}\0{content}\n".encode())
-    return digest.hexdigest()
+    return integrity.tree_sha256(
+        root / path, [str(Path(name).relative_to(path)) for name in tree_files(root, path)]
+    )
 
 
 def stale_trees(lock: Lock, root: Path = ROOT) -> dict[str, tuple[str, str]]:
@@ -206,9 +205,7 @@ def refresh(path: Path = LOCK_PATH, root: Path = ROOT) -> dict[str, tuple[str, s
         data["source_trees"][name]["sha256"] = new
     if changed:
         Lock.model_validate(data)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        integrity.write_json_atomic(path, data, indent=2, sort_keys=False)
     return changed
 
 

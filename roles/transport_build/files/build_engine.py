@@ -15,18 +15,8 @@ SPARKRING_TRANSPORT_CACHE at the node's cache directory.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
-from pathlib import Path
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def main() -> int:
@@ -36,6 +26,7 @@ def main() -> int:
     parser.add_argument("--cuda-arch", help="also the GPU command ring producer for this sm_XY (needs nvcc)")
     args = parser.parse_args()
     from transport import _native
+    from transport.integrity import sha256_file
 
     wanted = _native.node_libraries(args.verbs, args.cuda_arch)
     targets = {lib.name: lib.path() for lib in wanted}
@@ -44,7 +35,7 @@ def main() -> int:
         for lib in wanted:
             lib.build()
     libraries = {
-        name: {"path": str(path), "sha256": sha256(path) if path.exists() else None}
+        name: {"path": str(path), "sha256": sha256_file(path) if path.exists() else None}
         for name, path in targets.items()
     }
     json.dump({"needs_build": needs_build, "libraries": libraries}, sys.stdout, sort_keys=True)

@@ -52,6 +52,8 @@ def entrypoint(python: Path | str, record: Path, *args: str) -> subprocess.Compl
         "SPARKRING_IMAGE_JSON": str(record),
         "SPARKRING_ATTEST_ONLY": "1",
         "HF_TOKEN": "secret",
+        # In the image sparkring_integrity.py lies beside the entrypoint; here it is in module_utils/.
+        "PYTHONPATH": str(ROOT / "module_utils"),
     }
     return subprocess.run(
         [str(python), str(ENTRYPOINT), *args],

@@ -14,6 +14,8 @@ from sparkring.hostvars import cluster_hostvars
 from sparkring.launch_spec import NodeCapabilities, render_rank_spec
 from sparkring.profile import load_profile
 
+from transport.integrity import REDACTED, redact_env
+
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "module_utils"))
 
@@ -47,7 +49,7 @@ def records(dcp: int = 2) -> list[dict]:
                     {**m, "manifest_sha256": mount_digest(m, spec.rank) if m["read_only"] else None}
                     for m in spec.mounts
                 ],
-                "env": attest.redact_env(spec.env),
+                "env": redact_env(spec.env),
                 "labels": spec.labels,
                 "secret_env_names": spec.secret_env_names,
                 "argv": attest.redact_argv(spec.argv),
@@ -116,7 +118,7 @@ def test_missing_and_duplicate_records_refuse() -> None:
 
 
 def test_secrets_are_redacted() -> None:
-    env = attest.redact_env({"HF_TOKEN": "hf_x", "VLLM_API_KEY": "k", "MASTER_ADDR": "1.2.3.4"})
-    assert env == {"HF_TOKEN": attest.REDACTED, "MASTER_ADDR": "1.2.3.4", "VLLM_API_KEY": attest.REDACTED}
+    env = redact_env({"HF_TOKEN": "hf_x", "VLLM_API_KEY": "k", "MASTER_ADDR": "1.2.3.4"})
+    assert env == {"HF_TOKEN": REDACTED, "MASTER_ADDR": "1.2.3.4", "VLLM_API_KEY": REDACTED}
     argv = attest.redact_argv(["docker", "run", "--env", "HF_TOKEN=hf_x", "--env", "HF_TOKEN", "img"])
     assert "hf_x" not in " ".join(argv) and argv.count("HF_TOKEN") == 1
