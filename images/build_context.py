@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from sparkring.lock import LOCK_PATH, load_lock, stale_trees, tree_files
+from sparkring.lock import LOCK_PATH, NCCL_IN_IMAGE, load_lock, stale_trees, tree_files
 
 from transport.integrity import sha256_file
 
@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PACKAGES = ("transport", "overlay", "sparkcache")
 FILES_ROOT = "/opt/sparkring/src"
-NCCL_IN_IMAGE = "/opt/sparkring/nccl/lib/libnccl.so.2"
 INTEGRITY = "sparkring_integrity.py"
 
 

@@ -73,9 +73,11 @@ options:
     type: path
     default: /var/lib/sparkring/launch
   nccl_path:
-    description: The NCCL library inside the image that the attestation hashes (absent in the sim image).
+    description:
+      - The NCCL library inside the image that the attestation hashes. Empty means the path the
+        image's own C(/opt/sparkring/image.json) records (none in the sim image, which has no NCCL).
     type: str
-    default: /opt/sparkring/nccl/lib/libnccl.so.2
+    default: ""
   packages:
     description: Python packages inside the image whose installed trees the attestation hashes.
     type: list
@@ -474,7 +476,7 @@ def main() -> None:
             "secrets": {"type": "dict", "default": {}, "no_log": True},
             "attest_dir": {"type": "path", "default": "/var/lib/sparkring/attestations"},
             "state_dir": {"type": "path", "default": "/var/lib/sparkring/launch"},
-            "nccl_path": {"type": "str", "default": "/opt/sparkring/nccl/lib/libnccl.so.2"},
+            "nccl_path": {"type": "str", "default": ""},
             "packages": {
                 "type": "list",
                 "elements": "str",

@@ -40,20 +40,26 @@ WORKER_ONLY_FLAGS = frozenset({"--headless"})
 # IMAGE -c ...`), so the hashes are of the bytes the container will load, not of the host's copies;
 # the hashing is the image's own copy of sparkring_integrity (beside the entrypoint, on the path as
 # the working directory).
-# argv: the NCCL library path, then the package names. Prints one JSON object.
+# argv: the NCCL library path (empty: the one the image's image.json records), then the package
+# names. Prints one JSON object.
 IMAGE_PROBE = r"""
 import importlib.util, json, os, sys
 from sparkring_integrity import package_files, sha256_file, tree_sha256
 
-out = {"python": sys.executable, "nccl": {"path": sys.argv[1], "sha256": None}, "packages": {}}
-if os.path.isfile(sys.argv[1]):
-    out["nccl"]["sha256"] = sha256_file(sys.argv[1])
+image_json = "/opt/sparkring/image.json"
+image = {}
+if os.path.isfile(image_json):
+    with open(image_json, encoding="utf-8") as handle:
+        image = json.load(handle)
+nccl = sys.argv[1] or (image.get("nccl") or {}).get("path")
+out = {"python": sys.executable, "nccl": {"path": nccl, "sha256": None}, "packages": {}}
+if nccl and os.path.isfile(nccl):
+    out["nccl"]["sha256"] = sha256_file(nccl)
 for name in sys.argv[2:]:
     spec = importlib.util.find_spec(name)
     places = list(spec.submodule_search_locations or []) if spec else []
     top = places[0] if places else None
     out["packages"][name] = {"path": top, "sha256": tree_sha256(top, package_files(top)) if top else None}
-image_json = "/opt/sparkring/image.json"
 out["image_json_sha256"] = sha256_file(image_json) if os.path.isfile(image_json) else None
 print(json.dumps(out, sort_keys=True))
 """

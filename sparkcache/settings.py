@@ -84,4 +84,7 @@ def vllm_serve_args(settings: SparkCacheSettings, environ: dict[str, str] | None
     """The `vllm serve` arguments SparkCache contributes: none when it is switched off."""
     if not enabled(environ):
         return []
-    return ["--kv-transfer-config", json.dumps(kv_transfer_config(settings), sort_keys=True)]
+    return [
+        "--kv-transfer-config",
+        json.dumps(kv_transfer_config(settings), sort_keys=True, separators=(",", ":")),
+    ]

@@ -12,21 +12,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sparkcache.settings import SparkCacheSettings, vllm_serve_args
+from sparkring.lock import NCCL_IN_IMAGE
 from sparkring.profile import GIB, LaunchProfile
 
 CONTAINER_MODEL_DIR = "/models/model"
 CONTAINER_DRAFT_DIR = "/models/draft"
-# The patched NCCL travels inside the GB10 image (images/Containerfile; images/build_context.py
-# NCCL_IN_IMAGE), so the attestation hashes the library the container really loads.
-CONTAINER_NCCL_LIB = "/opt/sparkring/nccl/lib/libnccl.so.2"
 # The overlay role writes this rank's ring here (roles/overlay overlay_ring_spec); the overlay in
 # the container reads it. Rank-specific by nature: attestation compares it per rank, not across.
 RING_SPEC_PATH = "/etc/sparkring/ring.json"
 # Where the overlay's flight recorder dumps survive the container.
 OVERLAY_RECORDER_DIR = "/var/lib/sparkring/overlay"
 SECRET_ENV_NAMES = ("HF_TOKEN", "VLLM_API_KEY")
-SPARKCACHE_CONNECTOR = "SparkCacheConnector"
-SPARKCACHE_MODULE = "sparkcache.connector"
 
 Runtime = Literal["gb10", "sim-cpu"]
 
@@ -94,33 +91,29 @@ def network_env(rank: dict[str, Any], head: dict[str, Any], nccl_mode: str) -> d
             env["NCCL_IB_GID_INDEX"] = str(next(iter(gid_indexes)))
     if nccl_mode == "patched":
         env["NCCL_SWITCHLESS_RING"] = "1"
-        env["LD_PRELOAD"] = CONTAINER_NCCL_LIB
+        # The patched NCCL travels inside the GB10 image: the attestation hashes what is loaded.
+        env["LD_PRELOAD"] = NCCL_IN_IMAGE
     if nccl_mode in ("patched", "patch-free"):
         env["NCCL_ALGO"] = "Ring"
         env["NCCL_NVLS_ENABLE"] = "0"
     return env
 
 
-def _sparkcache_transfer_config(profile: LaunchProfile) -> str:
-    extra = {
-        "root": profile.sparkcache_dir,
-        "max_bytes": profile.sparkcache_max_gib * GIB,
-        "low_watermark": profile.sparkcache_low_watermark,
-        "ttl_seconds": profile.sparkcache_ttl_hours * 3600,
-        "model_revision": profile.model_revision,
-        "draft_revision": profile.draft_revision,
-        "dcp": profile.dcp,
-        "kv_interleave": profile.geometry.kv_interleave,
-    }
-    config = {
-        "kv_connector": SPARKCACHE_CONNECTOR,
-        "kv_connector_module_path": SPARKCACHE_MODULE,
-        "kv_role": "kv_both",
-        # A bad or missing page is recomputed, never served: the connector refuses any other policy.
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": extra,
-    }
-    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+def _sparkcache_args(profile: LaunchProfile) -> list[str]:
+    """SparkCache's `--kv-transfer-config`, rendered by SparkCache itself (sparkcache.settings)."""
+    settings = SparkCacheSettings.from_extra_config(
+        {
+            "root": profile.sparkcache_dir,
+            "max_bytes": profile.sparkcache_max_gib * GIB,
+            "low_watermark": profile.sparkcache_low_watermark,
+            "ttl_seconds": profile.sparkcache_ttl_hours * 3600,
+            "model_revision": profile.model_revision,
+            "draft_revision": profile.draft_revision,
+            "dcp": profile.dcp,
+            "kv_interleave": profile.geometry.kv_interleave,
+        }
+    )
+    return vllm_serve_args(settings, {"SPARKCACHE_ENABLED": "1" if profile.sparkcache_enabled else "0"})
 
 
 def _speculative_config(profile: LaunchProfile) -> str | None:
@@ -174,8 +167,7 @@ def vllm_argv(
         argv += ["--host", "0.0.0.0", "--port", str(profile.api_port)]
     else:
         argv.append("--headless")
-    if profile.sparkcache_enabled:
-        argv += ["--kv-transfer-config", _sparkcache_transfer_config(profile)]
+    argv += _sparkcache_args(profile)
     argv.append("--enable-prefix-caching")
     speculative = _speculative_config(profile)
     if speculative:

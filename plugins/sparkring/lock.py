@@ -20,6 +20,10 @@ from transport import integrity
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK_PATH = ROOT / "images" / "lock.json"
+# Where a GB10 runtime image holds the patched NCCL: images/build_context.py records it in the
+# image's image.json (the entrypoint and the launch attestation read it there), the launch
+# preloads it, and images/Containerfile installs it there (a test keeps the two equal).
+NCCL_IN_IMAGE = "/opt/sparkring/nccl/lib/libnccl.so.2"
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]

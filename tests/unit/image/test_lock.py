@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -123,3 +124,11 @@ def test_lock_is_current_with_the_sources():
         f"images/lock.json is stale for {sorted(stale)}: if the source change is intended, run "
         "`.venv/bin/python -m sparkring.lock refresh` and commit images/lock.json"
     )
+
+
+def test_the_gb10_containerfile_installs_nccl_where_the_lock_says() -> None:
+    """images/Containerfile cannot import NCCL_IN_IMAGE: this keeps its path the one the launch preloads."""
+    containerfile = (Path(__file__).resolve().parents[3] / "images" / "Containerfile").read_text()
+    assert f"COPY nccl/libnccl.so.2 {lock.NCCL_IN_IMAGE}\n" in containerfile
+    assert f"VLLM_NCCL_SO_PATH={lock.NCCL_IN_IMAGE} " in containerfile
+    assert f"LD_LIBRARY_PATH={Path(lock.NCCL_IN_IMAGE).parent}:" in containerfile
