@@ -96,6 +96,10 @@ notes:
     reported, not refused; everything present is verified.
   - NCCL embeds its build paths, so O(work_dir) is part of the build identity. Keep it the same
     on every rank and two ranks' builds of the same inputs are byte-identical.
+  - A full build takes minutes. make's output goes to C(build.log) in the build tree, and every
+    10 s C(<work_dir>/progress.json) names the minutes so far and the log's last line (its
+    C(phase)); run the module with C(async) to watch it (the C(nccl) role does). A failed build
+    keeps the log and quotes its end.
 """
 
 EXAMPLES = r"""

@@ -19,11 +19,12 @@ import re
 import shutil
 import subprocess
 import tarfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ansible.module_utils.sparkring_integrity import sha256_file
+from ansible.module_utils.sparkring_integrity import sha256_file, write_json_atomic
 
 ATTESTATION_SCHEMA = 1
 LIBRARY = "lib/libnccl.so.2"
@@ -33,6 +34,11 @@ MAKE_TARGET = "src.build"
 # nvcc leaves its temporary file names (they carry a pid) in the symbol table: stripped, two
 # builds of the same inputs are byte-identical, so every rank can attest the same sha256.
 STRIP = ["strip", "--strip-all"]
+# A full build takes minutes: make writes to BUILD_LOG and, this often, PROGRESS (under the work
+# dir) names the minutes so far and the log's last line (the nccl role shows it per rank).
+BUILD_LOG = "build.log"
+PROGRESS = "progress.json"
+PROGRESS_INTERVAL_S = 10.0
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 PREIMAGE_RE = re.compile(r"^Preimage-SHA256: ([0-9a-f]{64})  (\S+)$")
 TOUCHED_RE = re.compile(r"^\+\+\+ b/(\S+)", re.M)
@@ -276,9 +282,12 @@ def build(request: BuildRequest, run: Runner) -> dict:
     ]
     if request.only_funcs:
         argv.append(f"ONLY_FUNCS={request.only_funcs}")
-    rc, out, err = run(argv, str(tree), {"LANG": "C"})
+    log = work / BUILD_LOG
+    rc = make_logged(argv, tree, log, Path(request.work_dir) / PROGRESS)
     if rc != 0:
-        raise NcclBuildError("build", f"make {MAKE_TARGET} failed (rc {rc}): {(out + err).strip()[-3000:]}")
+        raise NcclBuildError(
+            "build", f"make {MAKE_TARGET} failed (rc {rc}), {log} ends: {log_tail(log, 3000)}"
+        )
     built = (work / "build" / LIBRARY).resolve()
     if not built.is_file():
         raise NcclBuildError("build", f"make {MAKE_TARGET} succeeded but produced no {LIBRARY}")
@@ -299,6 +308,45 @@ def build(request: BuildRequest, run: Runner) -> dict:
     install(request.dest, stripped, attestation)
     shutil.rmtree(work, ignore_errors=True)
     return attestation
+
+
+def make_logged(argv: list[str], cwd: Path, log: Path, progress: Path) -> int:
+    """Run make with its output going to `log`; while it runs, keep `progress` current."""
+    started = time.monotonic()
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "LANG": "C", "LC_ALL": "C"},
+        )
+        while True:
+            try:
+                rc = proc.wait(timeout=PROGRESS_INTERVAL_S)
+            except subprocess.TimeoutExpired:
+                rc = None
+            write_progress(progress, started, log, done=rc is not None)
+            if rc is not None:
+                return rc
+
+
+def write_progress(progress: Path, started: float, log: Path, done: bool) -> None:
+    """One line a person can watch: `make 4 min 10 s: <the build log's last line>`."""
+    elapsed = int(time.monotonic() - started)
+    line = log_tail(log, 400).splitlines()[-1:] or ["(no output yet)"]
+    phase = f"make {elapsed // 60} min {elapsed % 60:02d} s{' (done)' if done else ''}: {line[0][:160]}"
+    write_json_atomic(progress, {"phase": phase, "elapsed_s": elapsed, "log": str(log)})
+
+
+def log_tail(log: Path, limit: int) -> str:
+    """The last `limit` bytes of the build log, as text, without trailing blank lines."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - limit))
+            return handle.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def install(dest: str, library: Path, attestation: dict) -> None:

@@ -32,7 +32,9 @@ def test_build_installs_the_patched_library_with_its_attestation(nvcc, run_modul
     assert attestation["compilers"]["cxx"].startswith("g++")
     assert attestation["flags"]["NVCC_GENCODE"] == "-gencode=arch=compute_121,code=sm_121"
     assert attestation["output"]["sha256"] == result["sha256"]
-    assert not any(Path(fixture_source["work_dir"]).iterdir()), "the build tree is removed after install"
+    # The build tree is removed after install; the last progress report stays for whoever watched.
+    assert [p.name for p in Path(fixture_source["work_dir"]).iterdir()] == ["progress.json"]
+    assert "(done)" in json.loads((Path(fixture_source["work_dir"]) / "progress.json").read_text())["phase"]
 
 
 def test_same_inputs_do_not_rebuild_and_check_mode_agrees(nvcc, run_module, fixture_source):
