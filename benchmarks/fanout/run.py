@@ -1,6 +1,8 @@
 """Fan-out benchmark on the simulated ring: pipelined two-direction fan-out vs one link copy.
 
-    sudo .venv/bin/python benchmarks/fanout/run.py [--size-mib 96] [--rate-mbit 400] [--repeats 3] [--private-ring]
+    sudo .venv/bin/python benchmarks/fanout/run.py --out benchmarks/results/fanout-<lane>.json \
+        [--size-mib 96] [--rate-mbit 400] [--repeats 3] [--private-ring]
+    .venv/bin/python benchmarks/fanout/run.py --out benchmarks/results/fanout-<lane>.json --replot
 
 Every ring link (both ends of all four cables) is shaped by tc tbf to the same rate. In the same
 run, with the same agent code and verification, it times:
@@ -8,8 +10,11 @@ run, with the same agent code and verification, it times:
   store_and_forward r0 -> r1, then r1 -> r2, then r2 -> r3, whole file per hop (an rsync chain),
   fanout            the real plan: r0 -> r1 and r0 -> r3 at once, relays forwarding chunks as they
                     arrive, r2 fed half by r1 and half by r3.
-Writes benchmarks/results/fanout.json (top-level ratio_vs_single_link = fanout / single_link,
-medians) and fanout.png. Target: ratio_vs_single_link <= 1.15. The shaping is removed afterwards.
+The three cases alternate within each repeat, so a change of load reaches all of them; the load
+average of each repeat is recorded. Writes the JSON named by --out (top-level ratio_vs_single_link =
+fanout / single_link, medians; the run's provenance) and its plot beside it (.png); --replot only
+redraws the plot of an existing --out. Target: ratio_vs_single_link <= 1.15. The shaping is removed
+afterwards.
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ from pathlib import Path
 from netns_ring import inventory_hostvars, pair_links, private_ring, ring_links, run_agents, shape, unshape
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.provenance import RunProvenance, load_average  # noqa: E402
+
 WORK = Path("/tmp/im-bench-fanout")
 
 
@@ -103,7 +111,7 @@ def fanout(hostvars, manifest, source: Path) -> tuple[float, dict]:
     return seconds, results
 
 
-def measure(fan, hostvars: dict, args) -> tuple[dict[str, list[float]], dict, dict]:
+def measure(fan, hostvars: dict, args) -> tuple[dict[str, list[float]], dict, dict, list[dict]]:
     """The three cases, interleaved per repeat, with every ring link shaped to the same rate."""
     hosts = sorted(hostvars, key=lambda h: hostvars[h]["sparkring_rank"])
     WORK.mkdir(parents=True, exist_ok=True)
@@ -114,9 +122,11 @@ def measure(fan, hostvars: dict, args) -> tuple[dict[str, list[float]], dict, di
     manifest = fan.build_manifest(str(source), int(args.chunk_mib * (1 << 20))).to_dict()
     runs: dict[str, list[float]] = {"single_link": [], "store_and_forward": [], "fanout": []}
     sent: dict = {}
+    loads: list[dict] = []
     shape(hostvars, args.rate_mbit)
     try:
         for _ in range(args.repeats):
+            loads.append(load_average())
             seconds, _ = pair_copy(hostvars, manifest, source, hosts[0], hosts[1], "single")
             runs["single_link"].append(seconds)
             total, held = 0.0, source
@@ -130,7 +140,7 @@ def measure(fan, hostvars: dict, args) -> tuple[dict[str, list[float]], dict, di
     finally:
         unshape(hostvars)
         shutil.rmtree(WORK, ignore_errors=True)
-    return runs, sent, manifest
+    return runs, sent, manifest, loads
 
 
 def main() -> int:
@@ -142,18 +152,22 @@ def main() -> int:
     parser.add_argument(
         "--private-ring", action="store_true", help="bare im-fanout-* namespaces, not the sim ring"
     )
-    parser.add_argument("--replot", type=Path, help="only draw the plot of an existing fanout.json")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="the results JSON to write (the plot goes beside it, .png)"
+    )
+    parser.add_argument("--replot", action="store_true", help="only redraw the plot of an existing --out")
     args = parser.parse_args()
     if args.replot:
-        plot(json.loads(args.replot.read_text()), args.replot.with_suffix(".png"))
+        plot(json.loads(args.out.read_text()), args.out.with_suffix(".png"))
         return 0
     if os.geteuid() != 0:
         raise SystemExit("needs root: network namespaces and tc")
+    started = RunProvenance.capture()
     fan = load_fanout()
     ring = private_ring() if args.private_ring else contextlib.nullcontext(None)
     with ring as private:
         hostvars = private or inventory_hostvars()
-        runs, sent, manifest = measure(fan, hostvars, args)
+        runs, sent, manifest, loads = measure(fan, hostvars, args)
     median = {name: statistics.median(values) for name, values in runs.items()}
     size = manifest["size"]
     report = {
@@ -164,6 +178,8 @@ def main() -> int:
         "target_ratio_vs_single_link": 1.15,
         "median_s": {name: round(value, 3) for name, value in median.items()},
         "runs_s": {name: [round(v, 3) for v in values] for name, values in runs.items()},
+        "load_avg_by_repeat": loads,
+        "repeats_interleaved": True,
         "archive_bytes": size,
         "chunk_bytes": manifest["chunk_size"],
         "link_rate_mbit": args.rate_mbit,
@@ -176,19 +192,15 @@ def main() -> int:
             if args.private_ring
             else "sim ring (sr-* namespaces from inventories/sim)"
         ),
-        "cpu_cores": os.cpu_count(),
-        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        "provenance": started.finish(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fanout.json").write_text(json.dumps(report, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     try:
-        plot(report, RESULTS / "fanout.png")
+        plot(report, args.out.with_suffix(".png"))
     except ImportError:  # a machine without matplotlib: draw it later with --replot
-        print(
-            "matplotlib missing: run with --replot benchmarks/results/fanout.json for the plot",
-            file=sys.stderr,
-        )
+        print(f"matplotlib missing: run with --out {args.out} --replot for the plot", file=sys.stderr)
     return 0
 
 
@@ -210,9 +222,12 @@ def plot(report: dict, path: Path) -> None:
     for bar, value in zip(bars, values, strict=True):
         ax.text(bar.get_x() + bar.get_width() / 2, value, f"{value:.2f} s", ha="center", va="bottom")
     ax.set_ylabel("seconds (median)")
+    for x, name in enumerate(names):  # every repeat, so the spread shows
+        ax.plot([x] * len(report["runs_s"][name]), report["runs_s"][name], "k.", markersize=5)
+    cores = report.get("provenance", {}).get("cpu_cores") or report.get("cpu_cores")
     ax.set_title(
-        f"{report['archive_bytes'] / 2**20:.0f} MiB archive, every ring link tbf {report['link_rate_mbit']} Mbit/s; "
-        f"fan-out / one link = {report['ratio_vs_single_link']}",
+        f"{report['archive_bytes'] / 2**20:.0f} MiB archive, every ring link tbf {report['link_rate_mbit']} Mbit/s, "
+        f"{cores} cores; fan-out / one link = {report['ratio_vs_single_link']}",
         fontsize=9,
     )
     fig.tight_layout()

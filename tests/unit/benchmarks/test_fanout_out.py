@@ -1,0 +1,33 @@
+"""benchmarks/fanout/run.py writes the results it is told to (--out), never a fixed name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "benchmarks" / "fanout" / "run.py"
+
+
+def run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_the_results_file_must_be_named() -> None:
+    # --replot keeps this from ever starting a measurement, whatever the script does with it.
+    done = run("--replot")
+    assert done.returncode == 2 and "the following arguments are required: --out" in done.stderr
+
+
+def test_replot_draws_beside_the_file_it_is_told(tmp_path: Path) -> None:
+    out = tmp_path / "lane" / "fanout-test.json"
+    out.parent.mkdir()
+    shutil.copyfile(ROOT / "benchmarks" / "results" / "fanout-32core-400mbit.json", out)
+    done = run("--out", str(out), "--replot")
+    assert done.returncode == 0, done.stderr
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert json.loads(out.read_text())["ratio_vs_single_link"]  # the JSON is read, not rewritten
+    assert sorted(p.name for p in out.parent.iterdir()) == ["fanout-test.json", "fanout-test.png"]
