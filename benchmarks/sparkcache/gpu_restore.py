@@ -10,6 +10,7 @@ read + sha256 + copy, page cache dropped with posix_fadvise(DONTNEED) before eac
 one long context published turn by turn and restored by one request, as in run.py.
 
     PYTHONPATH=. python3 benchmarks/sparkcache/gpu_restore.py --out OUT.json [--mib 512]
+    (in a copy without .git, such as the device lane's, set SPARKRING_SOURCE_COMMIT=<sha>[+dirty])
 
 Needs torch with CUDA and a GPU; prints a reason and exits 0 otherwise.
 """
@@ -29,6 +30,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import run
+
+from benchmarks.provenance import RunProvenance
 
 try:
     import torch
@@ -158,14 +161,11 @@ def bench(base: Path, mib: int, rounds: int) -> dict[str, object]:
         shutil.rmtree(work, ignore_errors=True)
     return {
         "benchmark": "sparkcache_device",
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": {
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
-            "cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "python": platform.python_version(),
-            "loadavg": [round(x, 2) for x in os.getloadavg()],
         },
         "filesystem_dir": str(base),
         "bytes_per_round": total,
@@ -193,7 +193,8 @@ def main() -> None:
     if reason:
         print(f"skipped: {reason}")
         return
-    result = bench(args.dir, args.mib, args.rounds)
+    started = RunProvenance.capture()
+    result = bench(args.dir, args.mib, args.rounds) | {"provenance": started.finish()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

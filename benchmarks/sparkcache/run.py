@@ -1,4 +1,4 @@
-"""SparkCache benchmark -> benchmarks/results/sparkcache.json.
+"""SparkCache benchmark -> benchmarks/results/sparkcache.json (+ .png), every run kept.
 
 1. Disk: publication and restore throughput of the store against a raw sequential write and
    read of the same bytes on the same filesystem, in the same run. Restore: one long
@@ -14,7 +14,13 @@
    SparkCache in a new process against the same-length prompts recomputed in that process.
 
     python benchmarks/sparkcache/run.py [--dir /var/tmp] [--mib 512] [--page-kib 4096] [--rounds 5]
-        [--kills 100] [--no-vllm]
+        [--kills 100] [--no-vllm] [--out benchmarks/results/sparkcache.json] [--replot]
+
+Every run is appended, whole and with its provenance, to the history beside --out
+(sparkcache-history.jsonl). --out is the headline: `restore_ratio_vs_raw_read` is the median
+over every run in the history that measured the same code (the git trees of sparkcache/ and
+benchmarks/sparkcache/, and whether the tree was dirty), with each run listed; the plot beside it
+shows every round of every run. --replot only redraws the plot.
 """
 
 import argparse
@@ -35,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "vllm" / 
 
 import crashloop
 
+from benchmarks.history import append_run, history_path, load_runs, median_of, source_trees
+from benchmarks.provenance import RunProvenance
 from sparkcache.chunks import chunk_keys
 from sparkcache.identity import CacheIdentity
 from sparkcache.pages import READ_PIECE_BYTES, LayerLayout, Page, PageError
@@ -47,6 +55,8 @@ from sparkcache.store import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
+CODE = ("sparkcache", "benchmarks/sparkcache")  # what a run measures: its headline takes runs of the same
+TARGET_RATIO = 0.8
 PAGE_BYTES = 4 << 20  # one chunk of a large model's KV shard is MiBs; keep pages that size
 IO_BYTES = 4 << 20
 IDENTITY = CacheIdentity("bench", "none", "float32", "bench", 128, 1, 0, 1, 0, 1)
@@ -312,8 +322,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4000)
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sparkcache.json")
+    parser.add_argument("--replot", action="store_true", help="only redraw the plot of --out")
     args = parser.parse_args()
+    if args.replot:
+        plot(
+            json.loads(args.out.read_text()), load_runs(history_path(args.out)), args.out.with_suffix(".png")
+        )
+        return
     PAGE_BYTES = args.page_kib << 10
+    started = RunProvenance.capture()
+    code = {"trees": source_trees(CODE), "dirty": started.git_dirty}
     disk = disk_bench(args.dir, args.mib, args.rounds)
     work = Path(tempfile.mkdtemp(prefix="sparkcache-bench-", dir=args.dir))
     try:
@@ -325,23 +343,97 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     result = {
         "benchmark": "sparkcache",
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": {
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-        },
+        "provenance": started.finish(),
+        "code": code,
+        "host": {"machine": platform.machine(), "python": platform.python_version()},
         "restore_ratio_vs_raw_read": disk["restore_ratio_vs_raw_read"],
         "disk": disk,
         "kill9_during_publication": crash,
         "vllm_cpu": served,
     }
+    history = history_path(args.out)
+    append_run(history, result)
+    report = headline(load_runs(history), result, history)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
     tmp.replace(args.out)
-    print(json.dumps(result, indent=2))
+    print(json.dumps(report, indent=2))
+    plot(report, load_runs(history), args.out.with_suffix(".png"))
+
+
+def headline(runs: list[dict], latest: dict, history: Path) -> dict:
+    """The results file: medians over the kept runs of the latest run's code, every run listed."""
+    same = [run for run in runs if run.get("code") == latest["code"]]
+    medians = {
+        key: round(statistics.median(run["disk"][key] for run in same), 3)
+        for key, value in latest["disk"].items()
+        if isinstance(value, int | float) and key != "rounds" and all(key in run["disk"] for run in same)
+    }
+    return {
+        "benchmark": "sparkcache",
+        "restore_ratio_vs_raw_read": round(median_of(same, "restore_ratio_vs_raw_read"), 3),
+        "target_ratio_vs_raw_read": TARGET_RATIO,
+        "headline": (
+            "medians over every run kept in the history that measured this code (code: the git trees of "
+            f"{', '.join(CODE)} and the dirty flag); each run's ratio is itself the median of its rounds"
+        ),
+        "history": str(history.relative_to(REPO)) if history.is_relative_to(REPO) else str(history),
+        "code": latest["code"],
+        "runs_in_headline": len(same),
+        "runs_in_history": len(runs),
+        "disk_medians": medians,
+        "runs": [
+            {
+                "started_utc": (run.get("provenance") or {}).get("started_utc") or run.get("when"),
+                "git_commit": (run.get("provenance") or {}).get("git_commit"),
+                "cpu_cores": (run.get("provenance") or {}).get("cpu_cores")
+                or run.get("host", {}).get("cpus"),
+                "load_avg_by_round": [row.get("loadavg_1m_before") for row in run["disk"]["per_round"]],
+                "restore_ratio_vs_raw_read": run["restore_ratio_vs_raw_read"],
+                "in_headline": run in same,
+                **({"seeded_from": run["seeded_from"]} if "seeded_from" in run else {}),
+            }
+            for run in runs
+        ],
+        "provenance": latest["provenance"],
+        "latest": latest,
+    }
+
+
+def round_ratio(row: dict) -> float:
+    """One round's restore / raw read (the first runs kept recorded only the two rates)."""
+    return row.get("restore_ratio_vs_raw_read") or row["restore_MBps"] / row["raw_read_MBps"]
+
+
+def plot(report: dict, runs: list[dict], path: Path) -> None:
+    """Every round of every kept run (the spread), each run's median, the headline and the target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for x, (run, row) in enumerate(zip(runs, report["runs"], strict=True)):
+        color = "#2a7ab0" if row["in_headline"] else "#aaaaaa"
+        rounds = [round_ratio(r) for r in run["disk"]["per_round"]]
+        ax.plot([x] * len(rounds), rounds, ".", color=color, markersize=5)
+        ax.plot([x - 0.3, x + 0.3], [run["restore_ratio_vs_raw_read"]] * 2, "-", color=color, linewidth=2)
+    ax.axhline(report["restore_ratio_vs_raw_read"], color="#2a7ab0", linestyle="-", linewidth=0.8)
+    ax.axhline(report["target_ratio_vs_raw_read"], color="#c0504d", linestyle="--", linewidth=0.8)
+    ax.set_xticks(
+        range(len(runs)), [(row["started_utc"] or "?")[:16].replace("T", "\n") for row in report["runs"]]
+    )
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_ylabel("restore / raw read (MB/s ratio)")
+    ax.set_title(
+        f"SparkCache restore of one long context vs raw read: headline {report['restore_ratio_vs_raw_read']} "
+        f"(median of {report['runs_in_headline']} runs, blue; grey: other code); dots: rounds; "
+        f"dashed: target {report['target_ratio_vs_raw_read']}",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
