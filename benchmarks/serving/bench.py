@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -303,6 +304,8 @@ def main() -> int:
     )
     ap.add_argument("--replot", action="store_true", help="only redraw the plot of --out")
     args = ap.parse_args()
+    # `timeout` and a user's kill send SIGTERM: unwind, so the routes and the deployment are undone.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = args.out or RESULTS[args.target]
     if args.replot:
         plot(json.loads(out.read_text()), out.with_suffix(".png"))
