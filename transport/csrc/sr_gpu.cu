@@ -10,7 +10,7 @@
  * Two ways to wait, chosen per call:
  *   STREAM: the post kernel exits; the stream waits on the ring's wake word with a stream
  *           memory operation (cuStreamWaitValue32; its address and value are constants a
- *           graph can hold), lowers it, and a finish kernel reads the answer. The GPU is free
+ *           graph can hold); a finish kernel lowers it and reads the answer. The GPU is free
  *           while it waits (other contexts sharing it run).
  *   SPIN:   one kernel posts and spins on the answer, bounded by its own timer.
  * A failure answer ends the stream normally with the status in a mapped word the host reads:
@@ -174,32 +174,31 @@ __global__ void sr_post_kernel(sr_gpu_call c) {
         post(c);
 }
 
-/* STREAM, second half (after the wake word): read the answer, copy out (fused). The counter
- * holds this stream's last sequence: one stream per ring, one command in flight. */
+/* STREAM, second half (after the wake word): lower it, read the answer, copy out (fused). The
+ * counter holds this stream's last sequence: one stream per ring, one command in flight, so the
+ * next answer cannot raise the word before this kernel lowers it. */
 __global__ void sr_finish_kernel(sr_gpu_call c) {
     __shared__ int status;
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
+        *(volatile uint32_t *)&c.ring->wake = 0u;
+        __threadfence_system();
         status = answer_status(c, *(volatile unsigned long long *)c.counter);
+    }
     __syncthreads();
     if (c.fused && status == 0)
         block_copy((unsigned char *)c.dst, c.arena_dev + c.out_off, c.out_bytes, true);
 }
 
 typedef CUresult (*wait_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-typedef CUresult (*write_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 static wait_value_fn wait_value;
-static write_value_fn write_value;
 
-/* The driver's stream memory operations, through the runtime (no link against libcuda). */
-static int load_stream_ops(void) {
-    if (wait_value && write_value)
+/* The driver's stream wait, through the runtime (no link against libcuda). */
+static int load_stream_wait(void) {
+    if (wait_value)
         return 0;
     cudaDriverEntryPointQueryResult q;
     cudaError_t e = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", (void **)&wait_value, 12000,
                                                      cudaEnableDefault, &q);
-    if (e == cudaSuccess && q == cudaDriverEntryPointSuccess)
-        e = cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", (void **)&write_value, 12000, cudaEnableDefault,
-                                             &q);
     if (e == cudaSuccess && q != cudaDriverEntryPointSuccess)
         e = cudaErrorSymbolNotFound;
     return (int)e;
@@ -262,14 +261,13 @@ int sr_gpu_collective(int device, cudaStream_t stream, const sr_gpu_call *call) 
     if (c.wait == SR_WAIT_SPIN) {
         sr_collective_kernel<<<1, threads, 0, stream>>>(c);
     } else {
-        if ((e = load_stream_ops()))
+        if ((e = load_stream_wait()))
             return e;
         CUdeviceptr wake = (CUdeviceptr)(uintptr_t)&c.ring->wake;
         sr_post_kernel<<<1, threads, 0, stream>>>(c);
         if ((r = cudaGetLastError()) != cudaSuccess)
             return (int)r;
-        if (wait_value((CUstream)stream, wake, 1, CU_STREAM_WAIT_VALUE_EQ) != CUDA_SUCCESS ||
-            write_value((CUstream)stream, wake, 0, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
+        if (wait_value((CUstream)stream, wake, 1, CU_STREAM_WAIT_VALUE_EQ) != CUDA_SUCCESS)
             return (int)cudaErrorLaunchFailure;
         sr_finish_kernel<<<1, threads, 0, stream>>>(c);
     }
