@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-CFLAGS = ["-O2", "-g", "-std=gnu11", "-fPIC", "-Wall", "-Wextra", "-Werror"]
+CFLAGS = ["-O3", "-g", "-std=gnu11", "-fPIC", "-Wall", "-Wextra", "-Werror"]
 
 
 class NativeBuildError(RuntimeError):
@@ -172,8 +172,8 @@ def engine() -> ctypes.CDLL:
     lib.sr_abi_version.restype = ctypes.c_int
     lib.sr_checksum.argtypes = [vp, sz]
     lib.sr_checksum.restype = u32
-    lib.sr_reduce.argtypes = [vp, vp, sz, ctypes.c_int]
-    lib.sr_reduce.restype = None
+    for name in ("sr_reduce", "sr_reduce_portable"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = [vp, vp, sz, ctypes.c_int], None
     lib.sr_peer_new.argtypes = [ctypes.c_int] * 4 + [u32, u32]
     lib.sr_peer_new.restype = vp
     lib.sr_peer_free.argtypes = [vp, ctypes.c_int]

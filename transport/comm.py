@@ -187,9 +187,11 @@ class Communicator:
         algo = schedule.allreduce_algorithm(self.world, src.nbytes, algorithm)
         if algo in ("exchange", "matching"):
             for peer in schedule.matching_peers(self.rank, self.world):
-                # `work` is added into while its old value is sent: send a snapshot.
-                send = self._scratch(work.nbytes)[: work.nbytes].view(work.dtype)
-                np.copyto(send, work)
+                send = work
+                if not self.fabric.adds_in_place:
+                    # `work` is added into while its old value is sent: send a snapshot.
+                    send = self._scratch(work.nbytes)[: work.nbytes].view(work.dtype)
+                    np.copyto(send, work)
                 self.transfer("all_reduce", deadline, peer, send, peer, work, ADD, buf.code)
         else:
             self._ring_all_reduce(deadline, work, buf.code)

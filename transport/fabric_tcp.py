@@ -24,6 +24,9 @@ class TcpFabric:
     """Data frames go out on the socket we dialed and come in on the one we accepted."""
 
     name = "tcp"
+    # The engine adds a frame into a buffer it is also sending only once those bytes are sent,
+    # so an exchange may send and add into the same buffer (no snapshot copy).
+    adds_in_place = True
 
     def __init__(self, slot_bytes: int, window: int) -> None:
         self.slot_bytes, self.window = slot_bytes, window

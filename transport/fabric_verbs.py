@@ -49,6 +49,7 @@ class VerbsFabric:
     """RDMA WRITE WITH IMMEDIATE into the peer's arena; the engine runs the protocol."""
 
     name = "verbs"
+    adds_in_place = False  # sr_verbs.c may add a frame into bytes it has not copied out yet
 
     def __init__(self, spec: RingSpec, slot_bytes: int, window: int) -> None:
         self.slot_bytes, self.window = slot_bytes, window

@@ -24,14 +24,30 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
 
 
+def add_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a + b in fp32, except that two NaNs give the larger of their quieted bit patterns.
+
+    Hardware returns one operand's NaN, and the two ends of an exchange add in opposite
+    orders; the engine's rule (sr_add in csrc/sr_wire.h) makes both ends agree.
+    """
+    total = a + b
+    if total.dtype != np.float32:  # e.g. strings that trace the order of the adds
+        return total
+    both = np.isnan(a) & np.isnan(b)
+    if not both.any():
+        return total
+    quiet_a, quiet_b = (np.ascontiguousarray(x).view(np.uint32) | 0x00400000 for x in (a, b))
+    return np.where(both, np.maximum(quiet_a, quiet_b).view(np.float32), total)
+
+
 def add(a: np.ndarray, b: np.ndarray, code: int) -> np.ndarray:
     """One element-wise add with the engine's rounding rule."""
     if code == F32:
-        return a + b
+        return add_f32(a, b)
     if code == F16:
-        return (a.astype(np.float32) + b.astype(np.float32)).astype(np.float16)
+        return add_f32(a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
     if code == BF16:
-        return f32_to_bf16(bf16_to_f32(a) + bf16_to_f32(b))
+        return f32_to_bf16(add_f32(bf16_to_f32(a), bf16_to_f32(b)))
     raise ValueError(f"unknown dtype code {code}")
 
 

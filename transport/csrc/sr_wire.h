@@ -130,90 +130,177 @@ static inline void sr_header_fill(sr_header *h, uint8_t kind, uint16_t src, uint
     h->header_sum = sr_checksum_bytes(h, SR_HEADER_BYTES - 4);
 }
 
-/* fp16 <-> fp32 by bits, round to nearest even: identical to numpy's astype. */
-static inline float sr_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, bits;
-    if (exp == 0x1F) {
-        bits = sign | 0x7F800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112u) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else { /* subnormal: normalise */
-        int e = -1;
-        do {
-            e++;
-            man <<= 1;
-        } while ((man & 0x400u) == 0);
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FFu) << 13);
-    }
+/* fp16/bf16 <-> fp32 by bits, round to nearest even: identical to numpy's (fp16) and torch's (bf16)
+ * astype, NaN payloads included. Branch-free, so the reductions below vectorise. */
+static inline uint32_t sr_bits_of(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    return x;
+}
+
+static inline float sr_float_of(uint32_t x) {
     float f;
-    memcpy(&f, &bits, 4);
+    memcpy(&f, &x, 4);
     return f;
+}
+
+/* All ones where `cond` holds: selects by mask keep the loops free of branches. */
+static inline uint32_t sr_mask(int cond) { return 0u - (uint32_t)cond; }
+
+static inline uint32_t sr_pick(uint32_t mask, uint32_t yes, uint32_t no) { return (yes & mask) | (no & ~mask); }
+
+static inline float sr_f16_to_f32(uint16_t h) {
+    uint32_t em = (uint32_t)(h & 0x7FFFu) << 13, exp = em & 0x0F800000u;
+    uint32_t normal = em + 0x38000000u;      /* rebias the exponent: (127 - 15) << 23 */
+    uint32_t special = normal + 0x38000000u; /* inf/NaN: the exponent all ones, payload kept */
+    /* subnormal: 2^-14 x (1 + m/1024) - 2^-14 = m x 2^-24, exact in fp32 */
+    uint32_t sub = sr_bits_of(sr_float_of(normal + 0x00800000u) - 0x1p-14f);
+    uint32_t bits = sr_pick(sr_mask(exp == 0x0F800000u), special, sr_pick(sr_mask(exp == 0), sub, normal));
+    return sr_float_of(bits | (uint32_t)(h & 0x8000u) << 16);
 }
 
 static inline uint16_t sr_f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t exp = (x >> 23) & 0xFFu, man = x & 0x7FFFFFu;
-    if (exp == 0xFF) { /* inf, or NaN with its top payload bits (never 0), as numpy does */
-        uint16_t top = (uint16_t)(man >> 13);
-        return sign | 0x7C00u | (man && !top ? 1u : top);
-    }
-    int e = (int)exp - 127 + 15;
-    if (e >= 31)
-        return sign | 0x7C00u;
-    if (e <= 0) {
-        if (e < -10)
-            return sign;
-        man |= 0x800000u;
-        uint32_t shift = (uint32_t)(14 - e);
-        uint32_t half = 1u << (shift - 1), rest = man & ((1u << shift) - 1), q = man >> shift;
-        if (rest > half || (rest == half && (q & 1u)))
-            q++;
-        return sign | (uint16_t)q;
-    }
-    uint32_t q = ((uint32_t)e << 10) | (man >> 13), rest = man & 0x1FFFu;
-    if (rest > 0x1000u || (rest == 0x1000u && (q & 1u)))
-        q++; /* may carry into the exponent, up to inf: correct */
-    return sign | (uint16_t)q;
+    uint32_t x = sr_bits_of(f), a = x & 0x7FFFFFFFu, top = (a >> 13) & 0x3FFu;
+    /* normal: rebias ((15 - 127) << 23), round to nearest even at bit 13; may carry up to inf */
+    uint32_t normal = (a + 0xC8000FFFu + (top & 1u)) >> 13;
+    /* below 2^-14: adding 0.5 makes the fp32 adder round the 10 bits we keep to nearest even */
+    uint32_t sub = sr_bits_of(sr_float_of(a) + 0.5f) - 0x3F000000u;
+    /* NaN keeps its top payload bits (never an empty payload, which would read as inf) */
+    uint32_t nan = 0x7C00u | top | (sr_mask((a & 0x1FFFu) != 0) & sr_mask(top == 0) & 1u);
+    uint32_t r = sr_pick(sr_mask(a < 0x38800000u), sub, normal);
+    r = sr_pick(sr_mask(a >= 0x47800000u), 0x7C00u, r);
+    r = sr_pick(sr_mask(a > 0x7F800000u), nan, r);
+    return (uint16_t)((x >> 16 & 0x8000u) | r);
 }
 
-static inline float sr_bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
+static inline float sr_bf16_to_f32(uint16_t h) { return sr_float_of((uint32_t)h << 16); }
 
 static inline uint16_t sr_f32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7FFFFFFFu) > 0x7F800000u)
-        return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN, as torch does */
-    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+    uint32_t x = sr_bits_of(f);
+    uint32_t quiet = (x >> 16) | 0x40u; /* NaN: quiet, as torch does */
+    uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+    return (uint16_t)sr_pick(sr_mask((x & 0x7FFFFFFFu) > 0x7F800000u), quiet, rounded);
 }
 
-/* dst[i] = dst[i] + src[i]; fp16/bf16 add in fp32 and round once. Addition is commutative
- * bit for bit, so both ends of an exchange produce the same bytes. */
-static inline void sr_reduce_add(void *dst, const void *src, size_t bytes, int dtype) {
-    if (dtype == SR_F32) {
-        float *d = (float *)dst;
-        const float *s = (const float *)src;
-        for (size_t i = 0, n = bytes / 4; i < n; i++)
-            d[i] = d[i] + s[i];
-    } else if (dtype == SR_F16) {
-        uint16_t *d = (uint16_t *)dst;
-        const uint16_t *s = (const uint16_t *)src;
-        for (size_t i = 0, n = bytes / 2; i < n; i++)
-            d[i] = sr_f32_to_f16(sr_f16_to_f32(d[i]) + sr_f16_to_f32(s[i]));
-    } else {
-        uint16_t *d = (uint16_t *)dst;
-        const uint16_t *s = (const uint16_t *)src;
-        for (size_t i = 0, n = bytes / 2; i < n; i++)
-            d[i] = sr_f32_to_bf16(sr_bf16_to_f32(d[i]) + sr_bf16_to_f32(s[i]));
+/* a + b, except that when both are NaN the result is the one whose quieted bits are larger:
+ * hardware returns the first operand's, and the two ends of an exchange add in opposite
+ * orders, so they would differ. Any other sum is the hardware's. */
+static inline float sr_add(float a, float b) {
+    uint32_t qa = sr_bits_of(a) | 0x00400000u, qb = sr_bits_of(b) | 0x00400000u;
+    uint32_t both_nan = sr_mask(a != a) & sr_mask(b != b);
+    return sr_float_of(sr_pick(both_nan, qa > qb ? qa : qb, sr_bits_of(a + b)));
+}
+
+/* The element loops, written once; inlined into each target below, which compiles them for
+ * its vector width. */
+__attribute__((always_inline)) static inline void sr_add_f32(float *restrict d, const float *restrict s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        d[i] = sr_add(d[i], s[i]);
+}
+
+__attribute__((always_inline)) static inline void sr_add_f16(uint16_t *restrict d, const uint16_t *restrict s,
+                                                             size_t n) {
+    for (size_t i = 0; i < n; i++)
+        d[i] = sr_f32_to_f16(sr_add(sr_f16_to_f32(d[i]), sr_f16_to_f32(s[i])));
+}
+
+__attribute__((always_inline)) static inline void sr_add_bf16(uint16_t *restrict d, const uint16_t *restrict s,
+                                                              size_t n) {
+    for (size_t i = 0; i < n; i++)
+        d[i] = sr_f32_to_bf16(sr_add(sr_bf16_to_f32(d[i]), sr_bf16_to_f32(s[i])));
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* sr_add eight at a time. */
+__attribute__((target("avx2"))) static inline __m256 sr_add8(__m256 a, __m256 b) {
+    __m256 sum = _mm256_add_ps(a, b);
+    __m256 both_nan = _mm256_and_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+    if (_mm256_testz_ps(both_nan, both_nan)) /* the common case: no lane adds two NaNs */
+        return sum;
+    const __m256i quiet = _mm256_set1_epi32(0x00400000);
+    __m256i larger = _mm256_max_epu32(_mm256_or_si256(_mm256_castps_si256(a), quiet),
+                                      _mm256_or_si256(_mm256_castps_si256(b), quiet));
+    return _mm256_blendv_ps(sum, _mm256_castsi256_ps(larger), both_nan);
+}
+
+/* AVX2 + F16C (every x86-64 server since 2013), chosen at run time: the hardware converts
+ * fp16 exactly as sr_f16_to_f32/sr_f32_to_f16 do (round to nearest even by the immediate,
+ * whatever MXCSR says; NaN payloads kept, quieted). */
+__attribute__((target("avx2,f16c"))) static inline void sr_add_f16_f16c(uint16_t *restrict d, const uint16_t *restrict s,
+                                                                  size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + i)));
+        __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i)));
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(sr_add8(a, b), _MM_FROUND_TO_NEAREST_INT));
     }
+    sr_add_f16(d + i, s + i, n - i);
+}
+
+__attribute__((target("avx2"))) static inline void sr_add_f32_avx2(float *restrict d, const float *restrict s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(d + i, sr_add8(_mm256_loadu_ps(d + i), _mm256_loadu_ps(s + i)));
+    sr_add_f32(d + i, s + i, n - i);
+}
+
+/* sr_f32_to_bf16 eight at a time: round to nearest even, or the quieted NaN. */
+__attribute__((target("avx2"))) static inline void sr_add_bf16_avx2(uint16_t *restrict d, const uint16_t *restrict s,
+                                                              size_t n) {
+    const __m256i bias = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40);
+    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i a = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(d + i))), 16);
+        __m256i b = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(s + i))), 16);
+        __m256i x = _mm256_castps_si256(sr_add8(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b)));
+        __m256i high = _mm256_srli_epi32(x, 16);
+        __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, bias), _mm256_and_si256(high, one)), 16);
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, magnitude), inf);
+        __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(high, quiet), nan);
+        __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08); /* 16-bit results in order */
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_castsi256_si128(packed));
+    }
+    sr_add_bf16(d + i, s + i, n - i);
+}
+
+static inline int sr_have_avx2_f16c(void) {
+    static int have = -1;
+    if (have < 0)
+        have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    return have;
+}
+#endif
+
+/* The portable loops alone: what sr_reduce_add runs on a CPU without AVX2 and F16C (any
+ * aarch64 node: the compiler vectorises them for NEON). */
+static inline void sr_reduce_add_portable(void *restrict dst, const void *restrict src, size_t bytes, int dtype) {
+    if (dtype == SR_F32)
+        sr_add_f32((float *)dst, (const float *)src, bytes / 4);
+    else if (dtype == SR_F16)
+        sr_add_f16((uint16_t *)dst, (const uint16_t *)src, bytes / 2);
+    else
+        sr_add_bf16((uint16_t *)dst, (const uint16_t *)src, bytes / 2);
+}
+
+/* dst[i] = dst[i] + src[i]; fp16/bf16 widen to fp32, add, and round back once per call (a
+ * collective that adds in several steps rounds after each). The sum is symmetric bit for bit
+ * (see sr_add), so both ends of an exchange produce the same bytes. dst and src never overlap. */
+static inline void sr_reduce_add(void *restrict dst, const void *restrict src, size_t bytes, int dtype) {
+#if defined(__x86_64__)
+    if (sr_have_avx2_f16c()) {
+        if (dtype == SR_F32)
+            sr_add_f32_avx2((float *)dst, (const float *)src, bytes / 4);
+        else if (dtype == SR_F16)
+            sr_add_f16_f16c((uint16_t *)dst, (const uint16_t *)src, bytes / 2);
+        else
+            sr_add_bf16_avx2((uint16_t *)dst, (const uint16_t *)src, bytes / 2);
+        return;
+    }
+#endif
+    sr_reduce_add_portable(dst, src, bytes, dtype);
 }
 
 #endif

@@ -1,10 +1,16 @@
-"""A dead or stalled rank: every survivor raises an error naming a peer, never hangs."""
+"""A dead or stalled rank: every survivor raises an error naming a peer, never hangs.
+
+Both engine paths: 16 KB all-reduces move one frame each way on the caller's thread; 4 MB
+ones move 16 frames each way, sends and receives on their own threads, adding in place.
+"""
 
 from __future__ import annotations
 
+import functools
 import signal
 
 import numpy as np
+import pytest
 from transport_ranks import PREFIX, fault_mid_burn
 
 from transport.comm import Communicator
@@ -13,11 +19,12 @@ from transport.topology import cable_geometry
 
 BOUND_S = 3.0
 WORLD = 4
+ELEMENTS = {"16KB": 4096, "4MB": 1 << 20}  # fp32
 
 
-def burn_until_failure(rank: int, tcp_port: int, progress, queue) -> None:
+def burn_until_failure(rank: int, tcp_port: int, progress, queue, elements: int) -> None:
     spec = cable_geometry(rank, WORLD, PREFIX)
-    x = np.ones(4096, dtype=np.float32)  # 16 KB
+    x = np.ones(elements, dtype=np.float32)
     with Communicator(spec, tcp_port=tcp_port, timeout_s=BOUND_S) as comm:
         while True:
             try:
@@ -29,12 +36,14 @@ def burn_until_failure(rank: int, tcp_port: int, progress, queue) -> None:
             progress[rank] += 1
 
 
-def _fault(tcp_port: int, sig: int) -> dict[int, tuple]:
-    return fault_mid_burn(burn_until_failure, WORLD, tcp_port, sig, BOUND_S)
+def _fault(tcp_port: int, sig: int, size: str) -> dict[int, tuple]:
+    burn = functools.partial(burn_until_failure, elements=ELEMENTS[size])
+    return fault_mid_burn(burn, WORLD, tcp_port, sig, BOUND_S)
 
 
-def test_killed_rank_makes_every_survivor_fail_naming_a_peer() -> None:
-    reports = _fault(28650, signal.SIGKILL)
+@pytest.mark.parametrize(("size", "port"), [("16KB", 28650), ("4MB", 28652)])
+def test_killed_rank_makes_every_survivor_fail_naming_a_peer(size: str, port: int) -> None:
+    reports = _fault(port, signal.SIGKILL, size)
     assert set(reports) == {0, 1, 3}
     for rank, (name, peer, collective, message) in reports.items():
         assert name in (PeerClosedError.__name__, PeerTimeoutError.__name__)
@@ -46,8 +55,9 @@ def test_killed_rank_makes_every_survivor_fail_naming_a_peer() -> None:
         assert reports[rank][0] == PeerClosedError.__name__ and reports[rank][1] == 2
 
 
-def test_stalled_rank_times_out_its_neighbours() -> None:
-    reports = _fault(28660, signal.SIGSTOP)
+@pytest.mark.parametrize(("size", "port"), [("16KB", 28660), ("4MB", 28662)])
+def test_stalled_rank_times_out_its_neighbours(size: str, port: int) -> None:
+    reports = _fault(port, signal.SIGSTOP, size)
     assert set(reports) == {0, 1, 3}
     for rank in (1, 3):
         name, peer, _, message = reports[rank]

@@ -9,12 +9,14 @@ from __future__ import annotations
 import ctypes
 import socket
 import struct
+import threading
 
 import numpy as np
 import pytest
 
-from transport import wire
+from transport import reference, wire
 from transport._native import MAX_LANES, SrError, SrLane, engine
+from transport.buffers import BF16, F16, F32
 from transport.errors import RendezvousError
 from transport.rendezvous import RECORD_BYTES, EndpointRecord, check_record
 
@@ -119,6 +121,44 @@ def test_lanes_sharing_a_peer_use_it_in_lane_order(peer: EnginePeer) -> None:
     assert acks == [1, 2, 3]
 
 
+def test_an_add_into_the_buffer_being_sent_waits_until_its_bytes_are_sent() -> None:
+    # An exchange sends a buffer and adds the peer's into it: frame k may only be added once
+    # frame k has left with the old bytes. All four incoming frames are there before the call
+    # starts, but the window (2) lets the engine send frames 2 and 3 only after our acks.
+    peer = EnginePeer(window=2)
+    try:
+        mine = np.arange(64, dtype=np.float32)
+        original, theirs = mine.tobytes(), np.full(64, 1000, dtype=np.float32).tobytes()
+        for seq in range(4):
+            peer.rx_far.sendall(wire.frame(wire.KIND_DATA, 0, 1, seq, theirs[seq * SLOT : (seq + 1) * SLOT]))
+        err, outcome = SrError(), []
+        call = threading.Thread(target=lambda: outcome.append(engine().sr_transfer(
+            peer.handle, mine.ctypes.data, mine.nbytes, peer.handle, mine.ctypes.data, mine.nbytes, 1, F32, 5000,
+            ctypes.byref(err))))  # fmt: skip
+        call.start()
+        sent = []
+        for seq in range(4):
+            sent.append(read_frame(peer.tx_far)[1])
+            peer.tx_far.sendall(wire.frame(wire.KIND_ACK, 0, 1, seq + 1))
+        call.join(10)
+        assert outcome == [0], err.message
+        assert b"".join(sent) == original
+        assert np.array_equal(mine, np.arange(64, dtype=np.float32) + 1000)
+    finally:
+        peer.close()
+
+
+def test_a_corrupt_frame_ends_a_call_whose_sends_are_stuck(peer: EnginePeer) -> None:
+    # Eight frames out and four in run on two threads; the sends stall on the window (no acks
+    # come) while the receive finds frame 1 corrupt: the call reports the corruption.
+    good = bytes(range(SLOT))
+    peer.rx_far.sendall(
+        wire.frame(wire.KIND_DATA, 0, 1, 0, good) + wire.frame(wire.KIND_DATA, 0, 1, 1, good)[:-1] + b"\x01"
+    )
+    rc, err, _ = peer.transfer(send=bytes(8 * SLOT), recv_len=4 * SLOT, timeout_ms=3000)
+    assert -rc == 3 and b"corrupted payload in frame 1 from rank 0" in err.message and err.peer_rank == 0
+
+
 @pytest.mark.parametrize("count", [0, MAX_LANES + 1])
 def test_lane_count_is_bounded(peer: EnginePeer, count: int) -> None:
     arr = (SrLane * max(count, 1))()
@@ -172,35 +212,70 @@ def test_dead_and_silent_peers_are_bounded(peer: EnginePeer) -> None:
     assert -rc == 2 and b"rank 0 closed the connection" in err.message
 
 
-def _f16_bits(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).view(np.uint16)
+# The node's path (AVX2 + F16C on this machine) and the portable loops every other node runs.
+REDUCERS = ("sr_reduce", "sr_reduce_portable")
 
 
+def _reduce(reducer: str, d: np.ndarray, s: np.ndarray, code: int) -> np.ndarray:
+    getattr(engine(), reducer)(d.ctypes.data, s.ctypes.data, d.nbytes, code)
+    return d
+
+
+def _addends(rng: np.random.Generator, special: list[float]) -> np.ndarray:
+    """fp32 values of every magnitude, negative and positive, and the special ones."""
+    spread = rng.standard_normal(40) * 10.0 ** rng.integers(-9, 6, 40)
+    return np.concatenate([spread, special]).astype(np.float32)
+
+
+@pytest.mark.parametrize("reducer", REDUCERS)
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # overflow to inf and inf - inf are cases
-def test_half_precision_adds_round_like_numpy_and_torch() -> None:
+def test_half_precision_adds_round_like_numpy_and_torch(reducer: str) -> None:
+    # Every bit pattern as the accumulator, each against ~50 addends: 3.4M sums per dtype, an
+    # odd count so the vector loops' tails run too. A sum of two NaNs is its own test below.
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(7)
-    special = np.array([0, -0.0, 1e-8, 6e-8, 6.1e-5, 65504, 7e4, np.inf, -np.inf, np.nan, 3.0e38], np.float32)
-    a = np.concatenate([rng.standard_normal(20000) * 10.0 ** rng.integers(-8, 6, 20000), special]).astype(
-        np.float32
-    )
-    b = np.concatenate(
-        [rng.standard_normal(20000) * 10.0 ** rng.integers(-8, 6, 20000), special[::-1]]
-    ).astype(np.float32)
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    special = [0, -0.0, 6e-8, -6e-8, 6.1e-5, 65504, -65504, 7e4, np.inf, -np.inf, np.nan, 3.0e38]
     # fp16: engine vs numpy (widen, add in fp32, round once)
-    d, s = _f16_bits(a).copy(), _f16_bits(b)
-    engine().sr_reduce(d.ctypes.data, s.ctypes.data, d.nbytes, 1)
-    want = (a.astype(np.float16).astype(np.float32) + b.astype(np.float16).astype(np.float32)).astype(
-        np.float16
-    )
-    assert np.array_equal(d, want.view(np.uint16))
-    # bf16: engine vs torch's own bf16 add
-    ta, tb = torch.from_numpy(a).bfloat16(), torch.from_numpy(b).bfloat16()
-    d = ta.view(torch.int16).numpy().copy()
-    engine().sr_reduce(d.ctypes.data, tb.view(torch.int16).numpy().ctypes.data, d.nbytes, 2)
-    want = (ta + tb).view(torch.int16).numpy()
+    addends = _addends(rng, special).astype(np.float16).view(np.uint16)
+    d, s = np.tile(every, len(addends))[:-1], np.repeat(addends, 65536)[:-1]
+    want = (d.view(np.float16).astype(np.float32) + s.view(np.float16).astype(np.float32)).astype(np.float16)
+    got = _reduce(reducer, d.copy(), s, F16)
+    nan_pair = np.isnan(d.view(np.float16)) & np.isnan(s.view(np.float16))
+    assert np.array_equal(got[~nan_pair], want.view(np.uint16)[~nan_pair])
+    # bf16: engine vs torch's own bf16 add (torch writes every NaN as one canonical NaN)
+    addends = torch.from_numpy(_addends(rng, special)).bfloat16().view(torch.int16).numpy().view(np.uint16)
+    d, s = np.tile(every, len(addends))[:-1], np.repeat(addends, 65536)[:-1]
+    ta, tb = (torch.from_numpy(x.view(np.int16)).view(torch.bfloat16) for x in (d, s))
+    want = (ta + tb).view(torch.int16).numpy().view(np.uint16)
+    got = _reduce(reducer, d.copy(), s, BF16)
     finite = ~torch.isnan(ta + tb).numpy()
-    assert np.array_equal(d[finite], want[finite])
+    assert np.array_equal(got[finite], want[finite])
+    # fp32: IEEE addition, exactly numpy's
+    a, b = (rng.standard_normal(100_003).astype(np.float32) * 1e3 for _ in range(2))
+    assert np.array_equal(_reduce(reducer, a.copy(), b, F32), a + b)
+
+
+@pytest.mark.parametrize("reducer", REDUCERS)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy warns when the reference adds signalling NaNs
+def test_a_sum_of_two_nans_is_the_same_on_both_ends(reducer: str) -> None:
+    # Hardware returns one operand's NaN and the two ends of an exchange add in opposite
+    # orders; the engine returns the larger of the two quieted NaNs, so both ends agree.
+    halves = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    f32_nans = (np.random.default_rng(5).integers(1, 1 << 22, 600, dtype=np.uint32) | 0x7F800000) ^ (
+        np.arange(600, dtype=np.uint32) % 2 << 31
+    )  # signalling payloads of both signs
+    cases = [
+        (F16, halves[np.isnan(halves.view(np.float16))], 0x0200, np.float16),
+        (BF16, halves[((halves & 0x7F80) == 0x7F80) & ((halves & 0x7F) != 0)], 0x0040, np.uint16),
+        (F32, f32_nans, 0x00400000, np.float32),
+    ]
+    for code, nans, quiet, dtype in cases:
+        a, b = np.repeat(nans, len(nans)), np.tile(nans, len(nans))
+        ab, ba = _reduce(reducer, a.copy(), b, code), _reduce(reducer, b.copy(), a, code)
+        assert np.array_equal(ab, ba)
+        assert np.array_equal(ab, np.maximum(a | quiet, b | quiet))
+        assert np.array_equal(ab, reference.add(a.view(dtype), b.view(dtype), code).view(ab.dtype))
 
 
 def test_checksum_sees_every_single_bit_flip() -> None:
