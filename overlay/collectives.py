@@ -63,8 +63,12 @@ def run_ring(op: str, x: torch.Tensor, call: Callable[[torch.Tensor], torch.Tens
     start = time.perf_counter()
     try:
         out = call(x.detach())
-    except Exception:
+    except Exception as error:
         RECORDER.count(f"{op}.error")
+        peer = getattr(error, "peer_rank", None)  # transport errors name the neighbour
+        if peer is not None and RECORDER.rank is not None:
+            low, high = sorted((RECORDER.rank, peer))
+            RECORDER.count(f"cable_error.{low}-{high}")  # /metrics: sparkring:transport_errors
         RECORDER.dump(f"{op} failed")
         raise
     RECORDER.record(op, path, tuple(x.shape), dtype_name(x), time.perf_counter() - start)

@@ -15,6 +15,7 @@ import hashlib
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ from sparkcache import CHUNK_TOKENS, settings
 from sparkcache.agreement import LocalAgreement, RestoreAgreement
 from sparkcache.chunks import chunk_keys
 from sparkcache.identity import CacheIdentity
+from sparkcache.metrics import SparkRingPromMetrics, SparkRingStats, Telemetry
 from sparkcache.pages import LayerLayout, Page, PageError
 from sparkcache.store import SparkCacheStore
 
@@ -220,6 +222,8 @@ class SparkCacheConnector(KVConnectorBase_V1):
         self._invalid: set[int] = set()
         self._queue: queue.Queue[tuple[list[str], int, dict[str, Page]] | None] = queue.Queue()
         self._publisher: threading.Thread | None = None
+        # What /metrics shows (sparkcache/metrics.py): this worker's events and the overlay's counters.
+        self._telemetry = Telemetry(self._identity.tp_rank) if side == "worker" else None
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -351,11 +355,14 @@ class SparkCacheConnector(KVConnectorBase_V1):
         """Verify each page before it touches the paged cache; from the first bad page on,
         every block of the request is reported for recompute."""
         loaded = verified = 0
+        started = time.perf_counter()
         pages = self._store.read_pages([chunk.key for chunk in op.chunks])
         for n, (chunk, page) in enumerate(zip(op.chunks, pages, strict=True)):
             try:
                 if isinstance(page, PageError):
+                    self._count("sparkcache_pages", event="quarantined")  # the store removed it
                     raise page
+                self._count("sparkcache_pages", event="verified")
                 tensors = self._unpack(page)
             except PageError as exc:
                 bad = [b for c in op.chunks[n:] for b in c.block_ids[c.first :]]
@@ -369,6 +376,9 @@ class SparkCacheConnector(KVConnectorBase_V1):
                 kv.index_copy_(0, self._rows(chunk.block_ids[chunk.first :], kv.device), src.to(kv.device))
             loaded += (len(chunk.block_ids) - chunk.first) * self._block_tokens
             verified += 1
+            self._count("sparkcache_pages", event="restored")
+            self._count("sparkcache_restore_bytes", len(page.payload))
+        self._count("sparkcache_restore_seconds", time.perf_counter() - started)
         if verified:
             self._store.touch(op.chunks[verified - 1].key)
         logger.info(
@@ -442,6 +452,9 @@ class SparkCacheConnector(KVConnectorBase_V1):
             except Exception:  # serving must outlive any publication bug
                 logger.exception("SparkCache: publication of %s failed", keys[-1][:16])
                 continue
+            if result.status == "published":
+                self._count("sparkcache_pages", len(pages), event="stored")
+            self._count("sparkcache_evictions", len(result.evicted))
             logger.info(
                 "SparkCache: snapshot %s (%d tokens) %s%s",
                 keys[-1][:16],
@@ -449,6 +462,29 @@ class SparkCacheConnector(KVConnectorBase_V1):
                 result.status,
                 f": {result.reason}" if result.reason else "",
             )
+
+    def _count(self, family: str, n: float = 1, **labels: object) -> None:
+        if self._telemetry is not None and n:
+            self._telemetry.count(family, n, **labels)
+
+    def get_kv_connector_stats(self) -> SparkRingStats | None:
+        """This worker's counters since its last report; vLLM sums them over the ring's workers."""
+        delta = self._telemetry.delta() if self._telemetry is not None else {}
+        return SparkRingStats(data=delta) if delta else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> SparkRingStats:
+        return SparkRingStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: "VllmConfig",
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> SparkRingPromMetrics:
+        return SparkRingPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         bad, self._invalid = self._invalid, set()

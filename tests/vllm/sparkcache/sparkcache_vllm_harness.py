@@ -3,6 +3,7 @@ benchmark: its own TMPDIR and caches, bounded waits, and always stopped."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -152,6 +153,19 @@ def metric_total(metrics: str, name: str) -> float:
             if head == name or head.startswith(name + "{"):
                 total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+SAMPLE = re.compile(r"^([^{ ]+)\{([^}]*)\} (\S+)$")
+
+
+def sample(exposition: str, name: str, **labels: str) -> float | None:
+    """The value of one series (vLLM's labels model_name/engine plus `labels`), None if absent."""
+    want = {"model_name": "sim-tiny", "engine": "0", **labels}
+    for line in exposition.splitlines():
+        match = SAMPLE.match(line)
+        if match and match[1] == name and dict(re.findall(r'(\w+)="([^"]*)"', match[2])) == want:
+            return float(match[3])
+    return None
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
