@@ -25,7 +25,8 @@ def load_module_utils(name: str):
 
 @pytest.fixture(scope="session")
 def fanout():
-    load_module_utils("sparkring_geometry")  # what the fan-out imports, as a script would find it
+    load_module_utils("sparkring_geometry")  # what the fan-out imports, as a script would find them
+    load_module_utils("sparkring_integrity")
     return load_module_utils("sparkring_fanout")
 
 
