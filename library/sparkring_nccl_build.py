@@ -96,10 +96,10 @@ notes:
     reported, not refused; everything present is verified.
   - NCCL embeds its build paths, so O(work_dir) is part of the build identity. Keep it the same
     on every rank and two ranks' builds of the same inputs are byte-identical.
-  - A full build takes minutes. make's output goes to C(build.log) in the build tree, and every
-    10 s C(<work_dir>/progress.json) names the minutes so far and the log's last line (its
-    C(phase)); run the module with C(async) to watch it (the C(nccl) role does). A failed build
-    keeps the log and quotes its end.
+  - A full build takes minutes. C(<work_dir>/progress.json) says what the module is doing (its
+    C(phase)) - verifying the inputs, up to date, or, every 10 s while make runs, the minutes so
+    far and the last line of C(build.log) in the build tree; run the module with C(async) to
+    watch it. A failed build keeps the log and quotes its end. Check mode writes no progress.
 """
 
 EXAMPLES = r"""
@@ -149,9 +149,11 @@ import tempfile
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sparkring_integrity import write_json_atomic
 from ansible.module_utils.sparkring_nccl import (
     ATTESTATION,
     LIBRARY,
+    PROGRESS,
     BuildRequest,
     NcclBuildError,
     PatchSpec,
@@ -198,8 +200,15 @@ class NcclBuilder:
         paths = [self.request.source_archive, *(p.path for p in self.request.patches)]
         return [path for path in paths if not os.path.isfile(path)]
 
+    def progress(self, phase: str) -> None:
+        """What a watcher of <work_dir>/progress.json sees (the make phases come from build())."""
+        if not self.module.check_mode:
+            os.makedirs(self.request.work_dir, exist_ok=True)
+            write_json_atomic(os.path.join(self.request.work_dir, PROGRESS), {"phase": phase})
+
     def execute(self) -> dict:
         request = self.request
+        self.progress("verifying the source and the patches")
         # Inputs first: a wrong source or patch is refused on any node, before the toolchain is asked.
         self.module.get_bin_path("patch", required=True)
         absent = self.absent_inputs() if self.module.check_mode else []
@@ -217,6 +226,7 @@ class NcclBuilder:
             "attestation_path": os.path.join(request.dest, ATTESTATION),
         }
         if is_current(request, before):
+            self.progress(f"up to date: {library} is this build")
             return result | {"changed": False, "sha256": before["output"]["sha256"], "attestation": before}
         if self.module.check_mode:
             after = {"inputs_sha256": request.identity(), **request.inputs()}
