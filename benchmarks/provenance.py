@@ -2,7 +2,7 @@
 
 A figure is only worth what anyone can tell about how it was made: the command line that ran,
 the commit it ran on (and whether the tree had uncommitted changes), how many cores the
-machine had and how loaded it was, and when (UTC). Every script under benchmarks/ takes
+machine had, which CPU, how loaded it was, and when (UTC). Every script under benchmarks/ takes
 ``start = RunProvenance.capture()`` before it measures and writes ``start.finish()`` under the
 ``provenance`` key of its results; ``load_average()`` is the same reading for a single round.
 Standard library only; a checkout without git is refused (a figure must name its commit).
@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -26,6 +27,27 @@ def load_average() -> dict[str, float]:
     """The 1, 5 and 15 minute load averages, rounded (the run queue the benchmark shared the cores with)."""
     one, five, fifteen = os.getloadavg()
     return {"1m": round(one, 2), "5m": round(five, 2), "15m": round(fifteen, 2)}
+
+
+def cpu_model() -> str:
+    """The CPU's name: /proc/cpuinfo's "model name" (x86), else lscpu's "Model name" (it decodes
+    ARM part numbers), else the architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(
+            ["lscpu"], capture_output=True, text=True, check=False, env={**os.environ, "LC_ALL": "C"}
+        ).stdout
+    except FileNotFoundError:
+        out = ""
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
 
 
 def utc_now() -> str:
@@ -72,6 +94,7 @@ class RunProvenance:
     git_commit: str
     git_dirty: bool
     cpu_cores: int
+    cpu_model: str
     started_utc: str
     load_avg_start: dict[str, float]
 
@@ -84,6 +107,7 @@ class RunProvenance:
             git_commit=commit,
             git_dirty=dirty,
             cpu_cores=os.cpu_count() or 0,
+            cpu_model=cpu_model(),
             started_utc=utc_now(),
             load_avg_start=load_average(),
         )

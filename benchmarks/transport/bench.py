@@ -1,49 +1,65 @@
 """Ring transport benchmark: SparkRing's tcp fabric against torch.distributed gloo, same links, same run.
 
-    sudo .venv/bin/python benchmarks/transport/bench.py run      # -> benchmarks/results/transport.json + .png
+    .venv/bin/python benchmarks/transport/bench.py host      # -> benchmarks/results/transport_host.json + .png
+    sudo .venv/bin/python benchmarks/transport/bench.py run  # -> benchmarks/results/transport.json + .png
     sudo .venv/bin/python benchmarks/transport/bench.py burn --iters 1000000   # 16 KB all-reduce burn
+    .venv/bin/python benchmarks/transport/bench.py replot benchmarks/results/transport_host.json
 
-Both build a private four-namespace ring (tp-bench-r*, veth cables, MTU 9000, the sim's
-geometry on 10.78.i.0/24) and delete it afterwards. ``run`` measures, in order:
+Every rank process holds a SparkRing communicator and a gloo process group at once, and for
+each size the two take turns (rounds of SparkRing then gloo, then gloo then SparkRing, ...),
+so a change of load during the run lands on both. A figure is the slowest rank's p50 (a
+collective is as fast as its slowest member); bus bandwidth is 2(N-1)/N x bytes / p50.
 
-1. all-reduce p50/p99 at 1 KB, 16 KB and 1 MB (fp32), unshaped: SparkRing with forwarding
-   off (only ring links exist), then gloo;
-2. every ring interface shaped with tc tbf (--rate, 500 Mbit/s by default) so the link and
-   not the two shared CPUs is the limit (SparkRing's ring loads both directions of all four
-   cables, 8 x rate through one kernel); iperf3 on one shaped link gives the physical limit;
-3. 64 MB all-reduce bus bandwidth (2(N-1)/N x bytes / time) for SparkRing, then gloo.
-   SparkRing's ring runs two half-rings in opposite directions, so with full-duplex links
-   its bus bandwidth can reach twice the one-way rate iperf3 measures.
+``host`` (no root; needs numpy, torch for gloo, and a C compiler; matplotlib only for the
+plot): the engine's own limit. The ranks are processes on this machine's loopback on the
+inventory's cable geometry (127.77.i.0/24), unshaped, at 2 and 4 ranks, fp32 from 16 KB to
+64 MB. gloo binds ``lo``; loopback reaches every pair, which gloo needs and a switchless ring
+does not have.
 
-gloo connects every pair of ranks, which a switchless ring cannot do, so for gloo the
-ranks forward for each other (routes to the diagonal cables through a neighbour); each
-gloo rank binds the address on its left cable, so gloo's ring traffic between neighbours
-takes the direct link. ``burn`` runs the probe's all-reduce burn in every namespace and
-writes benchmarks/results/transport_burn.json.
+``run`` (root): the sim's geometry in a private four-namespace ring (tp-bench-r*, veth
+cables, MTU 9000, 10.78.i.0/24) that it deletes afterwards. The ranks forward for each other
+(routes to the diagonal cables through a neighbour) because gloo needs every pair;
+SparkRing only ever talks to its neighbours. It measures all-reduce latency at 1 KB, 16 KB
+and 1 MB unshaped; then, with every ring interface shaped by tc tbf (--rate, 500 Mbit/s by
+default, so the link and not the two shared CPUs is the limit: SparkRing's ring loads both
+directions of all four cables, 8 x rate through one kernel), iperf3 on one cable in both
+directions at once (--bidir) as the reference, and 64 MB bus bandwidth. SparkRing's two
+half-rings run in opposite directions, so its bus bandwidth can reach that two-way sum. gloo
+rank r binds the address on its left cable, so its ring traffic between neighbours takes the
+direct link.
+
+``burn`` runs the probe's all-reduce burn in every namespace and writes
+benchmarks/results/transport_burn.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from transport import netns, schedule
-from transport.topology import cable_geometry
-
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
-PREFIX = "10.78"
-WORLD = 4
-SIZES = (1024, 16384, 1 << 20)
-BIG = 64 << 20
+from benchmarks.provenance import RunProvenance  # noqa: E402
+from transport import netns, schedule  # noqa: E402
+from transport.topology import cable_geometry  # noqa: E402
+
+IMPLS = ("sparkring", "gloo")
 RESULTS = ROOT / "benchmarks" / "results"
+NETNS_PREFIX, HOST_PREFIX = "10.78", "127.77"
+NETNS_WORLD = 4
+NETNS_SIZES = (1024, 16384, 1 << 20)
+BIG = 64 << 20
+HOST_SIZES = tuple(16384 << (2 * i) for i in range(7))  # 16 KB, 64 KB, ... 64 MB
+HOST_WORLDS = (2, 4)
+RANK_TIMEOUT_S = 600
 
 
 def _pct(samples: list[float]) -> dict[str, float]:
@@ -51,194 +67,292 @@ def _pct(samples: list[float]) -> dict[str, float]:
     return {"p50": round(s[len(s) // 2], 2), "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 2)}
 
 
-# -- workers (one per rank, inside its namespace) ------------------------------------------
+def block_iterations(size: int, budget: int) -> int:
+    """Calls per turn: ``budget`` bytes' worth, at least one and at most 50."""
+    return max(1, min(50, budget // size))
+
+
+def busbw_gbyte_s(world: int, size: int, p50_us: float) -> float:
+    """Bus bandwidth (nccl-tests' definition for all-reduce): 2(N-1)/N x bytes / time."""
+    return round(2 * (world - 1) / world * size / (p50_us * 1e-6) / 1e9, 4)
+
+
+# -- the rank (one process per rank; in its namespace for `run`) -----------------------------
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Time all-reduces for one rank and print JSON: latency per size, or bus bandwidth."""
+    """Time all-reduces for one rank, SparkRing and gloo taking turns per size; print JSON."""
     import numpy as np
+    import torch
+    import torch.distributed as dist
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    spec = cable_geometry(args.rank, WORLD, PREFIX)
-    sizes = [BIG] if args.mode == "busbw" else list(SIZES)
-    if args.impl == "sparkring":
-        from transport.comm import Communicator
+    from transport.comm import Communicator
 
-        comm = Communicator(spec, tcp_port=args.port, timeout_s=120)
+    torch.set_num_threads(1)
+    spec = cable_geometry(args.rank, args.world, args.prefix)
+    comm = Communicator(spec, tcp_port=args.port, timeout_s=120)
+    os.environ["GLOO_SOCKET_IFNAME"] = args.gloo_ifname or f"ring{spec.port_to(spec.left).cage}"
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{args.gloo_addr}:{args.port + 1}", rank=args.rank, world_size=args.world
+    )
 
-        def all_reduce(x: np.ndarray) -> np.ndarray:
-            return comm.all_reduce(x, out=x)  # in place, as gloo does
-    else:
-        import torch
-        import torch.distributed as dist
+    def sparkring(x: np.ndarray) -> None:
+        comm.all_reduce(x, out=x)  # in place, as gloo does
 
-        torch.set_num_threads(1)
-        left = spec.port_to(spec.left)  # bind the left cable: gloo's ring sends rank r -> r+1
-        os.environ["GLOO_SOCKET_IFNAME"] = f"ring{left.cage}"
-        head = cable_geometry(0, WORLD, PREFIX).port_to(WORLD - 1).address
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://{head}:{args.port}", rank=args.rank, world_size=WORLD
-        )
+    def gloo(x: np.ndarray) -> None:
+        dist.all_reduce(torch.from_numpy(x))
 
-        def all_reduce(x: np.ndarray) -> np.ndarray:
-            dist.all_reduce(torch.from_numpy(x))
-            return x
-
+    calls: dict[str, Callable[[np.ndarray], None]] = {"sparkring": sparkring, "gloo": gloo}
+    want = args.world * (args.world + 1) // 2
     out: dict[str, dict] = {}
-    for size in sizes:
-        n = size // 4
-        x = np.full(n, args.rank + 1, dtype=np.float32)  # small integers: every sum is exact
-        iters = args.iters if size < (1 << 20) else max(5, args.iters // 20)
-        if size == BIG:
-            iters = args.big_iters
+    for size in args.sizes:
+        x = np.full(size // 4, args.rank + 1, dtype=np.float32)  # small integers: every sum is exact
         y = x.copy()  # one buffer, touched once: fresh pages are slow here and not what we measure
-        times = []
-        for i in range(iters + 3):
-            np.copyto(y, x)
-            t0 = time.perf_counter()
-            y = all_reduce(y)
-            if i >= 3:  # warm-up
-                times.append((time.perf_counter() - t0) * 1e6)
-            if y[0] != 10 or y[-1] != 10:
-                raise SystemExit(f"{args.impl} all-reduce of {size} B returned {y[0]}, expected 10")
-        out[str(size)] = {"iterations": iters, **_pct(times), "mean": round(statistics.fmean(times), 2)}
+        iters = block_iterations(size, args.block_bytes)
+        times: dict[str, list[float]] = {impl: [] for impl in IMPLS}
+        for rnd in range(args.rounds + 1):  # round 0 warms both up and is not kept
+            for impl in IMPLS if rnd % 2 else IMPLS[::-1]:
+                dist.barrier()  # both start each turn together
+                for _ in range(iters if rnd else 2):
+                    np.copyto(y, x)
+                    t0 = time.perf_counter()
+                    calls[impl](y)
+                    if rnd:
+                        times[impl].append((time.perf_counter() - t0) * 1e6)
+                    if y[0] != want or y[-1] != want:
+                        raise SystemExit(f"{impl} all-reduce of {size} B returned {y[0]}, expected {want}")
+        out[str(size)] = {
+            impl: {"iterations": len(t), **_pct(t), "mean": round(statistics.fmean(t), 2)}
+            for impl, t in times.items()
+        }
+    comm.close()
+    dist.destroy_process_group()
     print(json.dumps(out))
 
 
-def _spawn_ranks(
-    ring: netns.NetnsRing, impl: str, mode: str, port: int, iters: int, big_iters: int
-) -> list[dict]:
+def spawn_ranks(world: int, argv: Callable[[int, list[str]], list[str]], cfg: list[str]) -> list[dict]:
+    """Start every rank's worker (argv wraps the command, e.g. into a namespace) and collect its JSON."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     procs = [
-        subprocess.Popen(
-            ring.exec_argv(r, [sys.executable, __file__, "worker", impl, mode, "--rank", str(r), "--port", str(port),
-                               "--iters", str(iters), "--big-iters", str(big_iters)]),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )
-        for r in range(WORLD)
+        subprocess.Popen(argv(r, [sys.executable, __file__, "worker", "--rank", str(r), "--world", str(world), *cfg]),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for r in range(world)
     ]  # fmt: skip
-    outs = [p.communicate(timeout=900) for p in procs]
+    try:
+        outs = [p.communicate(timeout=RANK_TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     for r, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
         if p.returncode != 0:
-            raise SystemExit(f"{impl} {mode} rank {r} failed:\n{err[-3000:]}")
+            raise SystemExit(f"rank {r} of {world} failed:\n{err[-3000:]}")
     return [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
 
 
-def _summary(per_rank: list[dict], size: int) -> dict:
-    """The slowest rank's figures: a collective is as fast as its slowest member."""
-    rows = [r[str(size)] for r in per_rank]
-    return {"p50_us": max(r["p50"] for r in rows), "p99_us": max(r["p99"] for r in rows),
-            "iterations": rows[0]["iterations"]}  # fmt: skip
+def summarize(per_rank: list[dict], world: int, sizes: tuple[int, ...]) -> dict:
+    """Per size and implementation: the slowest rank's p50/p99 and the bus bandwidth at that p50."""
+    doc: dict[str, dict] = {}
+    for size in sizes:
+        row: dict = {}
+        for impl in IMPLS:
+            cells = [r[str(size)][impl] for r in per_rank]
+            p50 = max(c["p50"] for c in cells)
+            row[impl] = {"p50_us": p50, "p99_us": max(c["p99"] for c in cells),
+                         "iterations": cells[0]["iterations"], "busbw_gbyte_s": busbw_gbyte_s(world, size, p50)}  # fmt: skip
+        row["p50_ratio_vs_gloo"] = round(row["sparkring"]["p50_us"] / row["gloo"]["p50_us"], 4)
+        doc[str(size)] = row
+    return doc
 
 
-def _iperf3(ring: netns.NetnsRing, seconds: int) -> float:
-    a, b = (
-        cable_geometry(0, WORLD, PREFIX).ports[0].address,
-        cable_geometry(1, WORLD, PREFIX).ports[0].address,
+def _worker_cfg(
+    args: argparse.Namespace, sizes: tuple[int, ...], prefix: str, port: int, gloo: tuple[str, str]
+) -> list[str]:
+    return ["--prefix", prefix, "--port", str(port), "--gloo-addr", gloo[0], "--gloo-ifname", gloo[1],
+            "--rounds", str(args.rounds), "--block-bytes", str(args.block_bytes),
+            "--sizes", ",".join(map(str, sizes))]  # fmt: skip
+
+
+def _write(doc: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps(doc, indent=2))
+    plot(out)
+
+
+def plot(results: Path) -> None:
+    """Draw results.png beside a results file (either mode); without matplotlib, say how to later."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: no plot; draw it elsewhere with `bench.py replot {results}`")
+        return
+    matplotlib.use("Agg")
+    doc = json.loads(results.read_text())
+    (plot_host if doc["schema"].startswith("sparkring.bench.transport_host/") else plot_run)(
+        doc, results.with_suffix(".png")
     )
+
+
+# -- host: unshaped loopback, 2 and 4 ranks ------------------------------------------------
+
+
+def host(args: argparse.Namespace) -> None:
+    start, t0 = RunProvenance.capture(), time.monotonic()
+    worlds = {}
+    for i, world in enumerate(args.worlds):
+        cfg = _worker_cfg(args, args.sizes, HOST_PREFIX, args.port + 10 * i, ("127.0.0.1", "lo"))
+        per_rank = spawn_ranks(world, lambda r, argv: argv, cfg)
+        worlds[str(world)] = {
+            "sparkring_algorithms": {str(s): schedule.allreduce_algorithm(world, s) for s in args.sizes},
+            "allreduce_fp32": summarize(per_rank, world, args.sizes),
+        }
+    doc: dict = {
+        "schema": "sparkring.bench.transport_host/1",
+        "provenance": start.finish(),
+        "seconds": round(time.monotonic() - t0, 1),
+        "setup": {"links": "loopback, the inventory's cable geometry on 127.77.i.0/24, unshaped", "fabric": "tcp",
+                  "dtype": "float32", "rounds": args.rounds, "block_bytes": args.block_bytes,
+                  "gloo": "torch.distributed gloo on lo, every pair connected"},
+        "worlds": worlds,
+        "notes": "per size, SparkRing and gloo take turns in the same processes (rounds alternate which goes "
+                 "first); p50/p99 are the slowest rank's; busbw = 2(N-1)/N x bytes / p50",
+    }  # fmt: skip
+    for world in args.worlds:
+        cells = worlds[str(world)]["allreduce_fp32"]
+        if str(BIG) in cells:
+            big = cells[str(BIG)]
+            doc[f"busbw_64m_ratio_vs_gloo_w{world}"] = round(
+                big["sparkring"]["busbw_gbyte_s"] / big["gloo"]["busbw_gbyte_s"], 4
+            )
+        for size, name in ((16384, "16k"), (262144, "256k")):
+            if str(size) in cells:
+                doc[f"p50_{name}_ratio_vs_gloo_w{world}"] = cells[str(size)]["p50_ratio_vs_gloo"]
+    targets = {
+        "busbw_64m_ratio_vs_gloo_w2": 1.0,
+        "busbw_64m_ratio_vs_gloo_w4": 1.0,
+        "p50_16k_ratio_vs_gloo_w4": 0.5,
+    }
+    doc["targets"] = {k: (">= " if k.startswith("busbw") else "<= ") + str(v) for k, v in targets.items()}
+    doc["targets_met"] = {
+        k: (doc[k] >= v if k.startswith("busbw") else doc[k] <= v) for k, v in targets.items() if k in doc
+    }
+    _write(doc, Path(args.out))
+
+
+def plot_host(doc: dict, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for world, cell in doc["worlds"].items():
+        cells = cell["allreduce_fp32"]
+        sizes = [int(s) for s in cells]
+        for impl, style in (("sparkring", "-o"), ("gloo", "--s")):
+            label = f"{impl} w{world}"
+            axes[0].plot(sizes, [cells[str(s)][impl]["p50_us"] for s in sizes], style, label=label)
+            axes[1].plot(sizes, [cells[str(s)][impl]["busbw_gbyte_s"] for s in sizes], style, label=label)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes (fp32)")
+        ax.legend(fontsize=8)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("all-reduce p50, us (slowest rank)")
+    axes[1].set_ylabel("bus bandwidth, GB/s")
+    p = doc["provenance"]
+    fig.suptitle(f"host path, unshaped loopback: {p['cpu_cores']} cores ({p['cpu_model']}), load "
+                 f"{p['load_avg_start']['1m']}-{p['load_avg_end']['1m']}, {p['started_utc']}", fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# -- run: the sim's geometry in private namespaces, shaped for bandwidth ------------------------
+
+
+def _iperf3_bidir(ring: netns.NetnsRing, seconds: int) -> dict[str, float]:
+    """iperf3 on cable 0 in both directions at once: each direction's and the summed Gbit/s."""
+    a, b = (cable_geometry(r, NETNS_WORLD, NETNS_PREFIX).port_to(1 - r).address for r in (0, 1))
     server = subprocess.Popen(ring.exec_argv(1, ["iperf3", "-s", "-1", "-B", b, "-p", "5201"]),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         time.sleep(0.5)
-        out = subprocess.run(ring.exec_argv(0, ["iperf3", "-c", b, "-B", a, "-p", "5201", "-t", str(seconds), "-J"]),
-                             capture_output=True, text=True, check=True)  # fmt: skip
+        out = subprocess.run(
+            ring.exec_argv(0, ["iperf3", "-c", b, "-B", a, "-p", "5201", "-t", str(seconds), "--bidir", "-J"]),
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
     finally:
         server.wait(timeout=30)
-    return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 1e9
+    end = json.loads(out.stdout)["end"]
+    fwd = end["sum_received"]["bits_per_second"] / 1e9
+    rev = end["sum_received_bidir_reverse"]["bits_per_second"] / 1e9
+    return {"forward": round(fwd, 4), "reverse": round(rev, 4), "both": round(fwd + rev, 4)}
 
 
 def run(args: argparse.Namespace) -> None:
     why = netns.available()
     if why:
         raise SystemExit(f"cannot benchmark here: {why}")
-    ring = netns.NetnsRing("tp-bench", WORLD, PREFIX)
+    ring = netns.NetnsRing("tp-bench", NETNS_WORLD, NETNS_PREFIX)
     ring.destroy()  # a leftover from an interrupted run
     ring.create()
-    started, load_start = datetime.datetime.now(datetime.UTC), os.getloadavg()[0]
+    start = RunProvenance.capture()
+    head = (cable_geometry(0, NETNS_WORLD, NETNS_PREFIX).port_to(NETNS_WORLD - 1).address, "")
     try:
-        lat_ours = _spawn_ranks(ring, "sparkring", "latency", 28800, args.iters, args.big_iters)
-        ring.shape(args.rate)
-        link = _iperf3(ring, args.iperf_seconds)
-        bw_ours = _spawn_ranks(ring, "sparkring", "busbw", 28801, args.iters, args.big_iters)
         ring.route_diagonals()
-        bw_gloo = _spawn_ranks(ring, "gloo", "busbw", 28802, args.iters, args.big_iters)
-        ring.unshape()
-        lat_gloo = _spawn_ranks(ring, "gloo", "latency", 28803, args.iters, args.big_iters)
+        lat = spawn_ranks(
+            NETNS_WORLD, ring.exec_argv, _worker_cfg(args, NETNS_SIZES, NETNS_PREFIX, 28800, head)
+        )
+        ring.shape(args.rate)
+        link = _iperf3_bidir(ring, args.iperf_seconds)
+        bw = spawn_ranks(NETNS_WORLD, ring.exec_argv, _worker_cfg(args, (BIG,), NETNS_PREFIX, 28810, head))
     finally:
         ring.destroy()
-    factor = 2 * (WORLD - 1) / WORLD
-
-    def busbw(per_rank: list[dict]) -> float:
-        return round(factor * BIG * 8 / (max(r[str(BIG)]["p50"] for r in per_rank) * 1e-6) / 1e9, 4)
-
+    latency, busbw = summarize(lat, NETNS_WORLD, NETNS_SIZES), summarize(bw, NETNS_WORLD, (BIG,))[str(BIG)]
+    gbit = {impl: round(busbw[impl]["busbw_gbyte_s"] * 8, 4) for impl in IMPLS}
     doc = {
-        "schema": "sparkring.bench.transport/1",
-        "started_utc": started.isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "kernel": os.uname().release,
-                    "load_avg_1m": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2)}},
-        "ring": {"world": WORLD, "links": "veth in private network namespaces, MTU 9000", "prefix": PREFIX,
-                 "shaped_rate": args.rate, "fabric": "tcp"},
-        "sparkring_algorithms": {str(s): schedule.allreduce_algorithm(WORLD, s) for s in (*SIZES, BIG)},
-        "allreduce_latency_fp32": {
-            "sparkring": {str(s): _summary(lat_ours, s) for s in SIZES},
-            "gloo": {str(s): _summary(lat_gloo, s) for s in SIZES},
-        },
-        "iperf3_link_gbit_s": round(link, 4),
-        "busbw_64m_gbit_s": {"sparkring": busbw(bw_ours), "gloo": busbw(bw_gloo)},
-        "busbw_64m_iterations": args.big_iters,
-        "notes": "latency unshaped; bandwidth with every ring interface shaped by tc tbf; p50/p99 are the "
-                 "slowest rank's; gloo needs every pair, so its ranks forward for each other; SparkRing's ring "
-                 "sends half the buffer each way round, so busbw / link can reach 2 on full-duplex links "
-                 "(busbw_64m_ratio_vs_link / 2 is the share of each link direction used); the shaped rate is "
-                 "chosen so the link, not the two shared cores, limits: the two half-rings push 8 x rate "
-                 "through one kernel",
+        "schema": "sparkring.bench.transport/2",
+        "provenance": start.finish(),
+        "ring": {"world": NETNS_WORLD, "links": "veth in private network namespaces, MTU 9000", "prefix": NETNS_PREFIX,
+                 "shaped_rate": args.rate, "fabric": "tcp", "forwarding": "on (gloo needs every pair)",
+                 "rounds": args.rounds, "block_bytes": args.block_bytes},
+        "sparkring_algorithms": {str(s): schedule.allreduce_algorithm(NETNS_WORLD, s) for s in (*NETNS_SIZES, BIG)},
+        "allreduce_latency_fp32": latency,
+        "iperf3_bidir_gbit_s": link,
+        "busbw_64m_gbit_s": gbit,
+        "busbw_64m_iterations": busbw["sparkring"]["iterations"],
+        "notes": "per size, SparkRing and gloo take turns in the same processes; latency unshaped; bandwidth with "
+                 "every ring interface shaped by tc tbf; p50/p99 are the slowest rank's; the reference is iperf3 "
+                 "on one cable in both directions at once, which SparkRing's two half-rings can fill; the rate is "
+                 "low enough that the link, not the two shared cores, limits: the half-rings push 8 x rate through "
+                 "one kernel",
     }  # fmt: skip
-    ours16, gloo16 = (
-        doc["allreduce_latency_fp32"]["sparkring"]["16384"],
-        doc["allreduce_latency_fp32"]["gloo"]["16384"],
-    )
-    doc["allreduce_16k_p50_ratio_vs_gloo"] = round(ours16["p50_us"] / gloo16["p50_us"], 4)
-    doc["busbw_64m_ratio_vs_link"] = round(
-        doc["busbw_64m_gbit_s"]["sparkring"] / doc["iperf3_link_gbit_s"], 4
-    )
-    doc["gloo_busbw_64m_ratio_vs_link"] = round(
-        doc["busbw_64m_gbit_s"]["gloo"] / doc["iperf3_link_gbit_s"], 4
-    )
-    doc["targets"] = {"allreduce_16k_p50_ratio_vs_gloo": "<= 0.5", "busbw_64m_ratio_vs_link": ">= 0.85"}
+    doc["allreduce_16k_p50_ratio_vs_gloo"] = latency["16384"]["p50_ratio_vs_gloo"]
+    doc["busbw_64m_ratio_vs_bidir_link"] = round(gbit["sparkring"] / link["both"], 4)
+    doc["gloo_busbw_64m_ratio_vs_bidir_link"] = round(gbit["gloo"] / link["both"], 4)
+    doc["targets"] = {"allreduce_16k_p50_ratio_vs_gloo": "<= 0.5", "busbw_64m_ratio_vs_bidir_link": ">= 0.85"}
     doc["targets_met"] = {"allreduce_16k_p50_ratio_vs_gloo": doc["allreduce_16k_p50_ratio_vs_gloo"] <= 0.5,
-                          "busbw_64m_ratio_vs_link": doc["busbw_64m_ratio_vs_link"] >= 0.85}  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "transport.json"
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    plot(doc, RESULTS / "transport.png")
-    print(json.dumps(doc, indent=2))
+                          "busbw_64m_ratio_vs_bidir_link": doc["busbw_64m_ratio_vs_bidir_link"] >= 0.85}  # fmt: skip
+    _write(doc, Path(args.out))
 
 
-def plot(doc: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot_run(doc: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    labels = ["1 KB", "16 KB", "1 MB"]
-    for i, impl in enumerate(("sparkring", "gloo")):
-        rows = [doc["allreduce_latency_fp32"][impl][str(s)] for s in SIZES]
-        xs = [j + (i - 0.5) * 0.38 for j in range(len(SIZES))]
+    for i, impl in enumerate(IMPLS):
+        rows = [doc["allreduce_latency_fp32"][str(s)][impl] for s in NETNS_SIZES]
+        xs = [j + (i - 0.5) * 0.38 for j in range(len(NETNS_SIZES))]
         ax1.bar(xs, [r["p50_us"] for r in rows], 0.38, label=f"{impl} p50")
         ax1.scatter(xs, [r["p99_us"] for r in rows], marker="_", s=200, color="black")
-    ax1.set_xticks(range(len(SIZES)), labels)
+    ax1.set_xticks(range(len(NETNS_SIZES)), ["1 KB", "16 KB", "1 MB"])
     ax1.set_yscale("log")
     ax1.set_ylabel("all-reduce latency, us (bar p50, tick p99)")
     ax1.set_title("4-rank fp32 all-reduce, unshaped veth ring")
     ax1.legend()
-    names = ["sparkring", "gloo", "iperf3 link"]
-    vals = [doc["busbw_64m_gbit_s"]["sparkring"], doc["busbw_64m_gbit_s"]["gloo"], doc["iperf3_link_gbit_s"]]
-    ax2.bar(names, vals, color=["C0", "C1", "grey"])
-    link = doc["iperf3_link_gbit_s"]
-    ax2.axhline(2 * link, color="grey", linestyle=":", label="2 x link: both directions full")
-    ax2.axhline(0.85 * link, color="red", linestyle="--", label="target 0.85 x link")
-    ax2.set_ylim(0, 2.4 * link)
+    link = doc["iperf3_bidir_gbit_s"]["both"]
+    vals = [doc["busbw_64m_gbit_s"]["sparkring"], doc["busbw_64m_gbit_s"]["gloo"], link]
+    ax2.bar(["sparkring", "gloo", "iperf3 both ways"], vals, color=["C0", "C1", "grey"])
+    ax2.axhline(0.85 * link, color="red", linestyle="--", label="target 0.85 x iperf3 both ways")
+    ax2.set_ylim(0, 1.2 * max(vals))
     ax2.legend(loc="upper right")
     ax2.set_ylabel("Gbit/s")
     ax2.set_title(f"64 MB all-reduce bus bandwidth, links shaped to {doc['ring']['shaped_rate']}")
@@ -251,57 +365,82 @@ def burn(args: argparse.Namespace) -> None:
     why = netns.available()
     if why:
         raise SystemExit(f"cannot burn here: {why}")
-    ring = netns.NetnsRing("tp-burn", WORLD, PREFIX)
+    ring = netns.NetnsRing("tp-burn", NETNS_WORLD, NETNS_PREFIX)
     ring.destroy()
     ring.create()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "transport", "probe", "--world", str(WORLD), "--ring-prefix", PREFIX, "--skip-links",
-           "--burn", "all_reduce", "--burn-dtype", args.dtype, "--burn-size", str(args.size), "--burn-iters",
-           str(args.iters), "--timeout", "30"]  # fmt: skip
-    started, load_start, t0 = datetime.datetime.now(datetime.UTC), os.getloadavg()[0], time.monotonic()
+    cmd = [sys.executable, "-m", "transport", "probe", "--world", str(NETNS_WORLD), "--ring-prefix", NETNS_PREFIX,
+           "--skip-links", "--burn", "all_reduce", "--burn-dtype", args.dtype, "--burn-size", str(args.size),
+           "--burn-iters", str(args.iters), "--timeout", "30"]  # fmt: skip
+    start, t0 = RunProvenance.capture(), time.monotonic()
     try:
         procs = [subprocess.Popen(ring.exec_argv(r, [*cmd, "--rank", str(r)]), stdout=subprocess.PIPE, text=True,
-                                  env=env) for r in range(WORLD)]  # fmt: skip
+                                  env=env) for r in range(NETNS_WORLD)]  # fmt: skip
         docs = [json.loads(p.communicate()[0]) for p in procs]
     finally:
         ring.destroy()
-    summary = {"schema": "sparkring.bench.transport_burn/1", "ok": all(d["ok"] for d in docs),
-               "started_utc": started.isoformat(timespec="seconds"), "seconds": round(time.monotonic() - t0, 1),
-               "load_avg_1m": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2)},
+    summary = {"schema": "sparkring.bench.transport_burn/2", "ok": all(d["ok"] for d in docs),
+               "provenance": start.finish(), "seconds": round(time.monotonic() - t0, 1),
                "errors": [d["error"] for d in docs if d["error"]], "ranks": [d["burns"] for d in docs],
                "mismatches": sum(b["mismatches"] for d in docs for b in d["burns"])}  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "transport_burn.json").write_text(json.dumps(summary, indent=2) + "\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     if not summary["ok"]:
         raise SystemExit(1)
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    return tuple(int(s) for s in text.split(","))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="latency and bus bandwidth vs gloo -> benchmarks/results/transport.json")
-    r.add_argument(
-        "--rate",
-        default="500mbit",
-        help="tc tbf rate of every ring link (low enough that the link, not two shared CPUs, limits)",
+    for name, out, helptext in (
+        ("host", "transport_host.json", "unshaped loopback at 2 and 4 ranks vs gloo"),
+        ("run", "transport.json", "the namespace ring: latency unshaped, 64 MB shaped, vs gloo"),
+    ):
+        c = sub.add_parser(name, help=f"{helptext} -> benchmarks/results/{out} (+ .png)")
+        c.add_argument(
+            "--out", default=str(RESULTS / out), help="results file; the plot lands beside it (.png)"
+        )
+        c.add_argument("--rounds", type=int, default=8, help="turns per implementation and size")
+        c.add_argument("--block-bytes", type=int, default=4 << 20,
+                       help="bytes all-reduced per turn (calls per turn: this / size, 1..50)")  # fmt: skip
+    sub.choices["host"].add_argument("--worlds", type=int, nargs="+", default=list(HOST_WORLDS))
+    sub.choices["host"].add_argument(
+        "--sizes", type=_sizes, default=HOST_SIZES, help="bytes, comma-separated"
     )
-    r.add_argument("--iters", type=int, default=2000, help="iterations per small size (1 MB gets 1/20)")
-    r.add_argument("--big-iters", type=int, default=6, help="64 MB iterations")
+    sub.choices["host"].add_argument(
+        "--port", type=int, default=29100, help="first tcp port (2 per world size)"
+    )
+    r = sub.choices["run"]
+    r.add_argument("--rate", default="500mbit", help="tc tbf rate of every ring link")
     r.add_argument("--iperf-seconds", type=int, default=5)
     b = sub.add_parser("burn", help="the all-reduce burn -> benchmarks/results/transport_burn.json")
     b.add_argument("--iters", type=int, default=1_000_000)
     b.add_argument("--size", type=int, default=16384)
     b.add_argument("--dtype", default="float32")
+    b.add_argument("--out", default=str(RESULTS / "transport_burn.json"))
+    rp = sub.add_parser("replot", help="draw the plot of a results file again")
+    rp.add_argument("results", type=Path)
     w = sub.add_parser("worker", help=argparse.SUPPRESS)
-    w.add_argument("impl", choices=("sparkring", "gloo"))
-    w.add_argument("mode", choices=("latency", "busbw"))
     w.add_argument("--rank", type=int, required=True)
+    w.add_argument("--world", type=int, required=True)
+    w.add_argument("--prefix", required=True)
     w.add_argument("--port", type=int, required=True)
-    w.add_argument("--iters", type=int, required=True)
-    w.add_argument("--big-iters", type=int, required=True)
+    w.add_argument("--gloo-addr", required=True)
+    w.add_argument("--gloo-ifname", default="", help="empty: the rank's left ring interface")
+    w.add_argument("--rounds", type=int, required=True)
+    w.add_argument("--block-bytes", type=int, required=True)
+    w.add_argument("--sizes", type=_sizes, required=True)
     args = p.parse_args()
-    {"run": run, "burn": burn, "worker": worker}[args.command](args)
+    if args.command == "replot":
+        plot(args.results)
+        return
+    {"host": host, "run": run, "burn": burn, "worker": worker}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ def test_capture_names_the_checked_out_commit_the_cores_and_the_command() -> Non
     record = RunProvenance.capture(["benchmarks/x/run.py", "--out", "a b.json"]).finish()
     assert record["git_commit"] == head.stdout.strip()
     assert record["cpu_cores"] == os.cpu_count()
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+    assert record["cpu_model"] and record["cpu_model"] == (names[0] if names else record["cpu_model"])
     assert record["command"].endswith("benchmarks/x/run.py --out 'a b.json'")  # quoted as a shell would need
     for key in ("started_utc", "finished_utc"):
         assert datetime.datetime.fromisoformat(record[key]).utcoffset() == datetime.timedelta(0)
