@@ -8,7 +8,9 @@
 Every rank process holds a SparkRing communicator and a gloo process group at once, and for
 each size the two take turns (rounds of SparkRing then gloo, then gloo then SparkRing, ...),
 so a change of load during the run lands on both. A figure is the slowest rank's p50 (a
-collective is as fast as its slowest member); bus bandwidth is 2(N-1)/N x bytes / p50.
+collective is as fast as its slowest member); bus bandwidth is 2(N-1)/N x bytes / p50. Every
+run is appended whole to a history beside the results file (x.json -> x-history.jsonl); the
+results file is the latest run plus every kept run's headline figures, commit, time and load.
 
 ``host`` (no root; needs numpy, torch for gloo, and a C compiler; matplotlib only for the
 plot): the engine's own limit. The ranks are processes on this machine's loopback on the
@@ -47,6 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.history import append_run, history_path, load_runs  # noqa: E402
 from benchmarks.provenance import RunProvenance  # noqa: E402
 from transport import netns, schedule  # noqa: E402
 from transport.topology import cable_geometry  # noqa: E402
@@ -173,8 +176,20 @@ def _worker_cfg(
             "--sizes", ",".join(map(str, sizes))]  # fmt: skip
 
 
-def _write(doc: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
+def _write(doc: dict, out: Path, headline: tuple[str, ...]) -> None:
+    """Append the run to the history beside ``out`` (every run is kept), then write ``out``: this
+    run, plus each kept run's headline figures with its commit, time and load."""
+    history = history_path(out)
+    append_run(history, doc)
+    doc["history"] = {
+        "file": history.name,
+        "runs": [
+            {"started_utc": run["provenance"]["started_utc"], "git_commit": run["provenance"]["git_commit"],
+             "cpu_cores": run["provenance"]["cpu_cores"], "load_avg_1m": [run["provenance"]["load_avg_start"]["1m"],
+             run["provenance"]["load_avg_end"]["1m"]], **{k: run.get(k) for k in headline}}
+            for run in load_runs(history)
+        ],
+    }  # fmt: skip
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc, indent=2))
     plot(out)
@@ -237,7 +252,7 @@ def host(args: argparse.Namespace) -> None:
     doc["targets_met"] = {
         k: (doc[k] >= v if k.startswith("busbw") else doc[k] <= v) for k, v in targets.items() if k in doc
     }
-    _write(doc, Path(args.out))
+    _write(doc, Path(args.out), tuple(k for k in doc if "_ratio_vs_gloo_w" in k))
 
 
 def plot_host(doc: dict, path: Path) -> None:
@@ -331,7 +346,7 @@ def run(args: argparse.Namespace) -> None:
     doc["targets"] = {"allreduce_16k_p50_ratio_vs_gloo": "<= 0.5", "busbw_64m_ratio_vs_bidir_link": ">= 0.85"}
     doc["targets_met"] = {"allreduce_16k_p50_ratio_vs_gloo": doc["allreduce_16k_p50_ratio_vs_gloo"] <= 0.5,
                           "busbw_64m_ratio_vs_bidir_link": doc["busbw_64m_ratio_vs_bidir_link"] >= 0.85}  # fmt: skip
-    _write(doc, Path(args.out))
+    _write(doc, Path(args.out), ("allreduce_16k_p50_ratio_vs_gloo", "busbw_64m_ratio_vs_bidir_link"))
 
 
 def plot_run(doc: dict, path: Path) -> None:

@@ -33,3 +33,7 @@ def test_host_mode_writes_the_ratios_and_the_machine(tmp_path: Path) -> None:
     provenance = doc["provenance"]
     assert provenance["cpu_cores"] >= 1 and provenance["cpu_model"] and provenance["git_commit"]
     assert provenance["command"].endswith(f"--out {out}")
+    # Every run is kept: the history beside the results holds this one, whole.
+    kept = [json.loads(line) for line in (tmp_path / "host-history.jsonl").read_text().splitlines()]
+    assert [run["provenance"] for run in kept] == [provenance]
+    assert doc["history"]["runs"][0]["busbw_64m_ratio_vs_gloo_w2"] == doc["busbw_64m_ratio_vs_gloo_w2"]
