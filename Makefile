@@ -13,9 +13,13 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: help deps apt venv sim sim-up sim-down test lint
 
+# Which simulated cluster: the four-rank ring, or inventories/sim-pair (two ranks, one cable).
+SIM_INVENTORY ?= inventories/sim
+
 help:
 	@echo "make sim       bring up the simulated ring and run site.yml against it"
 	@echo "make sim-down  remove the simulated ring (namespaces, daemons, mounts)"
+	@echo "               SIM_INVENTORY=inventories/sim-pair: the same for the simulated pair"
 	@echo "make test      lint and run every test (sim tests bring the ring up and down)"
 
 deps: apt venv
@@ -38,13 +42,13 @@ $(STAMPS)/venv: requirements.txt pyproject.toml
 	@mkdir -p $(STAMPS) && touch $@
 
 sim-up: deps
-	$(BIN)/ansible-playbook playbooks/sim.yml
+	$(BIN)/ansible-playbook -i $(SIM_INVENTORY) playbooks/sim.yml
 
 sim: sim-up sim-model
-	$(BIN)/ansible-playbook site.yml
+	$(BIN)/ansible-playbook -i $(SIM_INVENTORY) site.yml
 
 sim-down: deps
-	$(BIN)/ansible-playbook playbooks/sim-down.yml
+	$(BIN)/ansible-playbook -i $(SIM_INVENTORY) playbooks/sim-down.yml
 
 lint: deps
 	$(BIN)/ruff check .

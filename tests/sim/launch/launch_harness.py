@@ -22,9 +22,9 @@ HEAD_API = "http://198.19.254.10:8000"
 SIM_PROFILE = ROOT / "inventories" / "sim" / "launch.env"
 
 
-def docker(host: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The rank's own daemon, through its socket in the rank's private /run."""
-    socket = SIM_RANKS / host / "run" / "docker.sock"
+def docker(host: str, *args: str, ranks: Path = SIM_RANKS) -> subprocess.CompletedProcess[str]:
+    """The rank's own daemon, through its socket in the rank's private /run (under `ranks`)."""
+    socket = ranks / host / "run" / "docker.sock"
     return subprocess.run(
         ["docker", "-H", f"unix://{socket}", *args], capture_output=True, text=True, timeout=120, check=False
     )
@@ -44,7 +44,12 @@ def container_log(host: str) -> str:
     return logs.stdout + logs.stderr
 
 
-def complete(prompt: str | list[int] = "The ring of four", max_tokens: int = 8) -> dict:
+def complete(
+    prompt: str | list[int] = "The ring of four",
+    max_tokens: int = 8,
+    api: str = HEAD_API,
+    netns: str = "sr-ctl",
+) -> dict:
     """One greedy completion through rank 0's API, from the controller namespace (as docs/launch.md says)."""
     body = json.dumps({"model": "sim-tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
     done = subprocess.run(
@@ -52,12 +57,12 @@ def complete(prompt: str | list[int] = "The ring of four", max_tokens: int = 8) 
             "ip",
             "netns",
             "exec",
-            "sr-ctl",
+            netns,
             "curl",
             "-sS",
             "--max-time",
             "120",
-            f"{HEAD_API}/v1/completions",
+            f"{api}/v1/completions",
             "-H",
             "Content-Type: application/json",
             "-H",

@@ -19,6 +19,7 @@ INVENTORIES = {
     "ring4": ROOT / "inventories/example/ring4",
     "pair": ROOT / "inventories/example/pair",
     "sim": ROOT / "inventories/sim",
+    "sim-pair": ROOT / "inventories/sim-pair",
 }
 
 SIM_SSH = {
