@@ -1,6 +1,11 @@
 """GPU ring collectives vs NCCL: all-reduce latency, eager and CUDA-graph-replayed (device lane).
 
-    python3 benchmarks/gpu_transport/bench.py [--world 2] [--rounds 3] [--out FILE]
+    python3 benchmarks/gpu_transport/bench.py [--world 2] [--rounds 3] [--variant-sweep] [--out FILE]
+
+Writes FILE (default benchmarks/results/gpu_transport.json) and its plot, and appends the run
+to FILE's history (gpu_transport-history.jsonl). With fewer GPUs than ranks, start MPS first
+(nvidia-cuda-mps-control -d): without it the GPU time-slices between the rank processes and
+the latencies measure that; the results record which (gpu_sharing).
 
 Each round runs every peer once, in turn (ring, then NCCL over sockets, then NCCL over NVLink),
 each in its own fresh set of processes (NCCL reads its settings once per process), so a change
@@ -35,6 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.history import append_run, history_path  # noqa: E402
 from benchmarks.provenance import RunProvenance, load_average  # noqa: E402
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -216,6 +222,14 @@ def run_peer(peer: str, world: int, cfg: dict, timeout_s: float) -> dict:
     return got[0][1]
 
 
+def gpu_sharing(world: int, gpus: int) -> str:
+    """How the ranks share the GPUs, which decides what the latencies mean."""
+    if gpus >= world:
+        return "one GPU per rank"
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control"
+    return "MPS (ranks run concurrently on each GPU)" if pipe.exists() else "time-sliced (no MPS)"
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
@@ -288,6 +302,7 @@ def main() -> int:
                    "ring": {"fabric": "tcp", "geometry": "127.77.i.0/24 loopback", "reductions": "host cores (progress thread)"},
                    "nccl_socket_env": NCCL_ENV["nccl_socket"], "nccl_nvlink_env": NCCL_ENV["nccl_nvlink"],
                    "peers_run": peers},
+        "gpu_sharing": gpu_sharing(args.world, gpus),
         "not_run": {} if gpus >= args.world else
                    {p: f"NCCL needs one GPU per rank: {args.world} ranks, {gpus} GPU(s) lent" for p in PEERS[1:]},
         "rounds_interleaved": True,
@@ -303,6 +318,7 @@ def main() -> int:
     res["provenance"] = start.finish()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
+    append_run(history_path(args.out), res)  # every run kept beside the results file
     plot(res, args.out.with_suffix(".png"))
     print(json.dumps({k: res[k] for k in headline(res)}, indent=1))
     return 0

@@ -31,12 +31,11 @@ pytestmark = pytest.mark.device
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def gpus_missing_reason(backend: str) -> str | None:
+def gpus_missing_reason(backend: str, world: int) -> str | None:
     found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if found < (2 if backend == "nccl" else 1):
-        return (
-            f"{backend} stock needs {'a GPU per rank (two)' if backend == 'nccl' else 'a GPU'}, found {found}"
-        )
+    if found < (world if backend == "nccl" else 1):
+        need = f"a GPU per rank ({world})" if backend == "nccl" else "a GPU"
+        return f"{backend} stock needs {need}, found {found}"
     if shutil.which(os.environ.get("CC", "cc")) is None:
         return "needs a C compiler for the transport's engine"
     try:
