@@ -36,10 +36,12 @@ DEFAULT_ARENA_BYTES = 64 << 20
 # (benchmarks/gpu_transport); SPARKRING_GPU_FUSED_MAX overrides it.
 FUSED_MAX_BYTES = int(os.environ.get("SPARKRING_GPU_FUSED_MAX", 256 << 10))
 KERNEL_MARGIN_NS = 5_000_000_000  # a spinning kernel's own bound past the progress thread's
-# How the stream waits for the answer (csrc/sr_gpu.cu): "stream" (a stream memory operation on
-# the ring's wake word: the GPU is free meanwhile) or "spin" (one kernel spins, bounded).
+# How the stream waits for the answer (csrc/sr_gpu.cu): "spin" (one kernel posts and spins on
+# the answer under its own bound: one graph node, the lower latency and replay host time in
+# benchmarks/gpu_transport) or "stream" (a stream memory operation on the ring's wake word: the
+# GPU is free meanwhile, for processes that share a GPU without MPS).
 WAIT_MODES = {"stream": 0, "spin": 1}
-WAIT_MODE = os.environ.get("SPARKRING_GPU_WAIT", "stream")
+WAIT_MODE = os.environ.get("SPARKRING_GPU_WAIT", "spin")
 
 
 class GpuCall(ctypes.Structure):
