@@ -182,6 +182,7 @@ from ansible.module_utils.sparkring_fanout import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_PORT,
     FanoutError,
+    FileSet,
     Link,
     Manifest,
     ManifestBuilder,
@@ -338,7 +339,7 @@ class ImageFanout:
             for port in self.params["ports"] or []
         ]
         config = RankConfig(
-            manifest=manifest,
+            files=FileSet((manifest,)),
             dest=self.dest,
             rank=self.params["rank"],
             world_size=self.params["world_size"],
@@ -373,7 +374,7 @@ class ImageFanout:
                 probe = (
                     self.dest if os.path.isdir(self.dest) else os.path.dirname(self.dest.rstrip("/")) or "/"
                 )
-                check_space(probe, manifest, reserve, rank)
+                check_space(probe, FileSet((manifest,)), reserve, rank)
             if "image" in lacks and self.params["load"]:
                 docker_root = root_dir(self.docker, self.docker_host)
                 stat = os.statvfs(docker_root)

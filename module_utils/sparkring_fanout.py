@@ -1,15 +1,17 @@
 # Copyright: SparkRing contributors. Apache-2.0.
-"""Verified, pipelined fan-out of one archive over the direct ring links (docs/design.md §3.4).
+"""Verified, pipelined fan-out of a set of files over the direct ring links (docs/design.md §3.4).
 
-Rank 0 holds the archive and its manifest (whole sha256 plus one sha256 per chunk, computed
+The image stage sends one archive, the model stage every file of a checkpoint: both are a
+`FileSet`, the files' chunks numbered as one stream (file i's chunks follow file i-1's).
+Rank 0 holds the files and their manifests (whole sha256 plus one sha256 per chunk, computed
 before the first byte moves). Every other rank receives chunks from its ring neighbours only:
 ranks on the near half of each side take every chunk from the neighbour towards rank 0, the
 antipodal rank takes the even chunks from its left and the odd ones from its right, so both
 directions of the ring carry data and no link carries more than the archive once. A relay
 forwards each chunk as soon as it is verified, so reaching every rank costs about one link
 transfer. Chunks are checked against the manifest (which travels over the management path,
-never the data links), bad ones are asked for again, the partial file is renamed only after
-the whole sha256 matches, and a restarted transfer keeps every chunk already verified.
+never the data links), bad ones are asked for again, a partial file is renamed only after its
+whole sha256 matches, and a restarted transfer keeps every chunk already verified.
 
 Standard library only: this file ships to the nodes with the sparkring_image_fanout module,
 and runs as a script (``python3 sparkring_fanout.py manifest|run``) for benchmarks and tests.
@@ -17,6 +19,7 @@ and runs as a script (``python3 sparkring_fanout.py manifest|run``) for benchmar
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import json
@@ -37,9 +40,9 @@ except ImportError:  # run as a script: module_utils/ is the script's directory,
 
 DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
 DEFAULT_PORT = 29610
-PROTOCOL = "sparkring-fanout/1"
+PROTOCOL = "sparkring-fanout/2"
 _HEADER = struct.Struct("!I")
-_MAX_HEADER = 1 << 20
+_MAX_HEADER = 32 << 20  # a need list of a large checkpoint in 1 MiB chunks fits
 
 
 class FanoutError(Exception):
@@ -48,7 +51,7 @@ class FanoutError(Exception):
 
 @dataclass(frozen=True)
 class Manifest:
-    """What every rank must end up with, known before the first byte moves."""
+    """One file every rank must end up with, known before the first byte moves."""
 
     name: str
     sha256: str
@@ -64,10 +67,9 @@ class Manifest:
         if self.chunk_size <= 0 or len(self.chunks) != expected:
             raise FanoutError(
                 f"manifest {self.name}: {len(self.chunks)} chunk hashes for {self.size} bytes in "
-                f"chunks of {self.chunk_size} (expected {expected}); re-export the archive"
+                f"chunks of {self.chunk_size} (expected {expected}); hash the file again on rank 0"
             )
-        if "/" in self.name or self.name in ("", ".", ".."):
-            raise FanoutError(f"manifest name {self.name!r} must be a plain file name")
+        check_relative_name(self.name)
 
     @classmethod
     def from_dict(cls, data: dict) -> Manifest:
@@ -85,8 +87,76 @@ class Manifest:
         return start, min(self.chunk_size, self.size - start)
 
 
+def check_relative_name(name: str) -> None:
+    """A file's name inside the destination: relative, no '..', nothing a shell or a peer could bend."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or any(part in ("", ".", "..") for part in parts) or "\0" in name:
+        raise FanoutError(f"file name {name!r} must be a relative path without '.', '..' or empty parts")
+
+
+def manifest_digest(entries: list[tuple[str, int, str]]) -> str:
+    """The identity of a set of files: sha256 over sorted `name NUL size NUL sha256 LF` lines.
+
+    The one definition: the model stage records it, the launch attests it, the fan-out's hello
+    carries it, so two ranks with different bytes under the same names never agree."""
+    digest = hashlib.sha256()
+    for name, size, sha256 in sorted(entries):
+        digest.update(f"{name}\0{size}\0{sha256}\n".encode())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class FileSet:
+    """Files sent as one stream of chunks: file i's chunks are numbered after file i-1's."""
+
+    files: tuple[Manifest, ...]
+
+    def __post_init__(self) -> None:
+        names = [manifest.name for manifest in self.files]
+        if not names:
+            raise FanoutError("a fan-out needs at least one file")
+        if len(set(names)) != len(names):
+            raise FanoutError(f"file names appear twice in one fan-out: {sorted(names)}")
+        starts, total = [], 0
+        for manifest in self.files:
+            starts.append(total)
+            total += len(manifest.chunks)
+        object.__setattr__(self, "_starts", tuple(starts))
+        object.__setattr__(self, "count", total)
+
+    @classmethod
+    def from_list(cls, data: list[dict]) -> FileSet:
+        return cls(tuple(Manifest.from_dict(item) for item in data))
+
+    def to_list(self) -> list[dict]:
+        return [manifest.to_dict() for manifest in self.files]
+
+    @property
+    def digest(self) -> str:
+        return manifest_digest([(m.name, m.size, m.sha256) for m in self.files])
+
+    @property
+    def size(self) -> int:
+        return sum(manifest.size for manifest in self.files)
+
+    @property
+    def label(self) -> str:
+        return self.files[0].name if len(self.files) == 1 else f"{len(self.files)} files"
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """Global chunk index -> (file position, chunk index inside that file)."""
+        if not 0 <= index < self.count:
+            raise FanoutError(f"chunk index {index} outside 0..{self.count - 1}")
+        position = bisect.bisect_right(self._starts, index) - 1
+        return position, index - self._starts[position]
+
+    def chunk_indices(self, position: int) -> range:
+        start = self._starts[position]
+        return range(start, start + len(self.files[position].chunks))
+
+
 class ManifestBuilder:
-    """Hash an archive as it streams by: the whole sha256 and one per chunk, in one pass."""
+    """Hash a file as it streams by: the whole sha256 and one per chunk, in one pass."""
 
     def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
         self.chunk_size = chunk_size
@@ -123,13 +193,15 @@ class ManifestBuilder:
         )
 
 
-def build_manifest(path: str, chunk_size: int = DEFAULT_CHUNK_SIZE, **image: object) -> Manifest:
-    """Hash a finished archive once: the whole sha256 and every chunk's."""
+def build_manifest(
+    path: str, chunk_size: int = DEFAULT_CHUNK_SIZE, name: str | None = None, **image: object
+) -> Manifest:
+    """Hash a finished file once: the whole sha256 and every chunk's (named `name` or its basename)."""
     builder = ManifestBuilder(chunk_size)
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             builder.update(block)
-    return builder.finish(os.path.basename(path), **image)
+    return builder.finish(name or os.path.basename(path), **image)
 
 
 @dataclass(frozen=True)
@@ -196,36 +268,59 @@ class Stats:
     refused: list = field(default_factory=list)
 
 
-class ChunkStore:
-    """The archive being assembled: a .partial file, which chunks are verified, and waiters."""
+class FileStore:
+    """The files being assembled in one directory: which chunks are verified, and waiters.
 
-    def __init__(self, manifest: Manifest, final_path: str, complete: bool = False) -> None:
-        self.manifest = manifest
-        self.final_path = final_path
-        self.partial_path = final_path + ".partial"
-        self.count = len(manifest.chunks)
+    A file the caller already holds (verified final file) is read from; any other is written
+    as `<name>.partial` and gets its final name only once its whole sha256 matches."""
+
+    def __init__(self, files: FileSet, dest: str, complete: frozenset[str] = frozenset()) -> None:
+        self.files = files
+        self.dest = dest
+        self.count = files.count
         self.have: set[int] = set()
         self.failure: BaseException | None = None
         self.cond = threading.Condition()
-        if complete:
-            self.fd = os.open(final_path, os.O_RDONLY)
-            self.have = set(range(self.count))
-            return
-        existed = os.path.exists(self.partial_path)
-        self.fd = os.open(self.partial_path, os.O_RDWR | os.O_CREAT, 0o644)
-        if existed:
-            self.have = self._scan()
-        os.ftruncate(self.fd, manifest.size)
+        self.fds: list[int] = []
+        self.partial: list[bool] = []
+        self.resumed = 0  # chunks of interrupted transfers kept because they still verify
+        try:
+            for position, manifest in enumerate(files.files):
+                final = os.path.join(dest, manifest.name)
+                if manifest.name in complete:
+                    self.fds.append(os.open(final, os.O_RDONLY))
+                    self.partial.append(False)
+                    self.have.update(files.chunk_indices(position))
+                    continue
+                os.makedirs(os.path.dirname(final), exist_ok=True)
+                existed = os.path.exists(final + ".partial")
+                self.fds.append(os.open(final + ".partial", os.O_RDWR | os.O_CREAT, 0o644))
+                self.partial.append(True)
+                if existed:
+                    kept = self._scan(position)
+                    self.have.update(kept)
+                    self.resumed += len(kept)
+                os.ftruncate(self.fds[-1], manifest.size)
+        except BaseException:
+            self.close()
+            raise
 
-    def _scan(self) -> set[int]:
+    @property
+    def complete(self) -> bool:
+        return not any(self.partial)
+
+    def _scan(self, position: int) -> set[int]:
         """Chunks of an interrupted transfer that still match the manifest."""
-        length = os.fstat(self.fd).st_size
+        manifest, fd = self.files.files[position], self.fds[position]
+        length = os.fstat(fd).st_size
         good = set()
-        for index, digest in enumerate(self.manifest.chunks):
-            start, size = self.manifest.chunk_range(index)
+        for local, (index, digest) in enumerate(
+            zip(self.files.chunk_indices(position), manifest.chunks, strict=True)
+        ):
+            start, size = manifest.chunk_range(local)
             if start + size > length:
                 break
-            if hashlib.sha256(os.pread(self.fd, size, start)).hexdigest() == digest:
+            if hashlib.sha256(os.pread(fd, size, start)).hexdigest() == digest:
                 good.add(index)
         return good
 
@@ -235,20 +330,23 @@ class ChunkStore:
 
     def put(self, index: int, data: bytes) -> bool:
         """Write a chunk only if it matches the manifest; False means ask for it again."""
-        if not 0 <= index < self.count:
-            raise FanoutError(f"chunk index {index} outside 0..{self.count - 1}")
-        start, size = self.manifest.chunk_range(index)
-        if len(data) != size or hashlib.sha256(data).hexdigest() != self.manifest.chunks[index]:
+        position, local = self.files.locate(index)
+        manifest = self.files.files[position]
+        start, size = manifest.chunk_range(local)
+        if len(data) != size or hashlib.sha256(data).hexdigest() != manifest.chunks[local]:
             return False
-        os.pwrite(self.fd, data, start)
+        if not self.partial[position]:
+            return True  # already held (a duplicate); nothing to write
+        os.pwrite(self.fds[position], data, start)
         with self.cond:
             self.have.add(index)
             self.cond.notify_all()
         return True
 
     def read(self, index: int) -> bytes:
-        start, size = self.manifest.chunk_range(index)
-        return os.pread(self.fd, size, start)
+        position, local = self.files.locate(index)
+        start, size = self.files.files[position].chunk_range(local)
+        return os.pread(self.fds[position], size, start)
 
     def next_available(self, pending: set[int], timeout: float) -> int:
         """The lowest pending chunk already verified here, waiting for one to arrive."""
@@ -272,29 +370,43 @@ class ChunkStore:
             self.cond.notify_all()
 
     def finalize(self) -> None:
-        """Verify the whole file, then give it its final name (never before)."""
+        """Verify every assembled file whole, then give it its final name (never before)."""
         if len(self.have) != self.count:
-            raise FanoutError(f"{self.partial_path}: {self.count - len(self.have)} chunks still missing")
-        os.fsync(self.fd)
-        actual = sha256_file(self.partial_path)
-        if actual != self.manifest.sha256:
-            raise FanoutError(
-                f"{self.partial_path}: sha256 {actual} != manifest {self.manifest.sha256} although every "
-                "chunk matched; the manifest is inconsistent, re-export on rank 0"
-            )
-        os.rename(self.partial_path, self.final_path)
-        dir_fd = os.open(os.path.dirname(self.final_path) or ".", os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+            raise FanoutError(f"{self.dest}: {self.count - len(self.have)} chunks still missing")
+        folders = set()
+        for position, manifest in enumerate(self.files.files):
+            if not self.partial[position]:
+                continue
+            partial = os.path.join(self.dest, manifest.name + ".partial")
+            os.fsync(self.fds[position])
+            actual = sha256_file(partial)
+            if actual != manifest.sha256:
+                raise FanoutError(
+                    f"{partial}: sha256 {actual} != manifest {manifest.sha256} although every chunk "
+                    "matched; the manifest is inconsistent, hash the file again on rank 0"
+                )
+            os.rename(partial, partial.removesuffix(".partial"))
+            folders.add(os.path.dirname(partial))
+        for folder in sorted(folders):
+            fsync_dir(folder)
 
     def close(self) -> None:
-        os.close(self.fd)
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename in `path` durable."""
+    dir_fd = os.open(path or ".", os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def final_state(final_path: str, manifest: Manifest) -> str:
-    """'absent', 'verified', or 'different' (a file with that name that is not this archive)."""
+    """'absent', 'verified', or 'different' (a file with that name that is not this file)."""
     if not os.path.lexists(final_path):
         return "absent"
     if not os.path.isfile(final_path) or os.path.islink(final_path):
@@ -304,21 +416,32 @@ def final_state(final_path: str, manifest: Manifest) -> str:
     return "verified" if sha256_file(final_path) == manifest.sha256 else "different"
 
 
-def bytes_needed(final_path: str, manifest: Manifest) -> int:
+def bytes_needed(dest: str, files: FileSet, complete: frozenset[str] = frozenset()) -> int:
     """Disk bytes a transfer still has to allocate (a resumed .partial already holds its size)."""
-    partial = final_path + ".partial"
-    held = os.stat(partial).st_blocks * 512 if os.path.exists(partial) else 0
-    return max(0, manifest.size - held)
+    needed = 0
+    for manifest in files.files:
+        if manifest.name in complete:
+            continue
+        partial = os.path.join(dest, manifest.name + ".partial")
+        held = os.stat(partial).st_blocks * 512 if os.path.exists(partial) else 0
+        needed += max(0, manifest.size - held)
+    return needed
 
 
-def check_space(dest: str, manifest: Manifest, reserve_bytes: int, rank: int) -> int:
-    """Refuse before any byte moves when the archive would not fit and leave the reserve free."""
-    needed = bytes_needed(os.path.join(dest, manifest.name), manifest)
-    stat = os.statvfs(dest)
-    free = stat.f_bavail * stat.f_frsize
+def free_bytes(path: str) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def check_space(
+    dest: str, files: FileSet, reserve_bytes: int, rank: int, complete: frozenset[str] = frozenset()
+) -> int:
+    """Refuse before any byte moves when the files would not fit and leave the reserve free."""
+    needed = bytes_needed(dest, files, complete)
+    free = free_bytes(dest)
     if free - needed < reserve_bytes:
         raise FanoutError(
-            f"rank {rank}: {dest} has {free} bytes free; the archive needs {needed} more and "
+            f"rank {rank}: {dest} has {free} bytes free; the transfer needs {needed} more and "
             f"{reserve_bytes} must stay free; free space there or lower reserve_bytes"
         )
     return free
@@ -357,7 +480,7 @@ def recv_msg(sock: socket.socket) -> tuple[dict, bytes]:
 class RankConfig:
     """Everything one rank's agent needs; built by the module from inventory hostvars."""
 
-    manifest: Manifest
+    files: FileSet
     dest: str
     rank: int
     world_size: int
@@ -370,6 +493,8 @@ class RankConfig:
     reserve_bytes: int = 0
     max_rate_mbit: int = 0
     fault_corrupt_chunks: frozenset[int] = frozenset()
+    # Names the caller already verified in dest (the model stage's record); the rest are hashed.
+    complete: frozenset[str] = frozenset()
 
 
 class RankAgent:
@@ -377,8 +502,7 @@ class RankAgent:
 
     def __init__(self, config: RankConfig, progress=None) -> None:
         self.config = config
-        self.manifest = config.manifest
-        self.final_path = os.path.join(config.dest, self.manifest.name)
+        self.files = config.files
         self.incoming, self.outgoing = plan_routes(config.world_size, config.rank)
         self.stats = Stats()
         self.progress = progress
@@ -396,20 +520,35 @@ class RankAgent:
             f"rank {self.config.rank} has no ring port facing rank {peer_rank}; check the inventory ring_ports"
         )
 
+    def held(self) -> frozenset[str]:
+        """Names already complete here; a different file under one of the names is refused."""
+        held = set(self.config.complete)
+        for manifest in self.files.files:
+            if manifest.name in held:
+                continue
+            path = os.path.join(self.config.dest, manifest.name)
+            state = final_state(path, manifest)
+            if state == "different":
+                raise FanoutError(
+                    f"rank {self.config.rank}: {path} exists and is not file {manifest.sha256}; "
+                    "refusing to overwrite it: move it away or choose another destination"
+                )
+            if state == "verified":
+                held.add(manifest.name)
+        return frozenset(held)
+
     def run(self) -> Stats:
-        state = final_state(self.final_path, self.manifest)
-        if state == "different":
+        held = self.held()
+        lacking = [m.name for m in self.files.files if m.name not in held]
+        if self.config.rank == 0 and lacking:
             raise FanoutError(
-                f"rank {self.config.rank}: {self.final_path} exists and is not archive {self.manifest.sha256}; "
-                "refusing to overwrite it: move it away or choose another destination"
+                f"rank 0 lacks {lacking[:4]} in {self.config.dest}: it must hold every file before the fan-out"
             )
-        complete = state == "verified"
-        if self.config.rank == 0 and not complete:
-            raise FanoutError(f"rank 0 has no archive at {self.final_path}; export it first")
-        if not complete:
-            check_space(self.config.dest, self.manifest, self.config.reserve_bytes, self.config.rank)
-        store = ChunkStore(self.manifest, self.final_path, complete=complete)
-        self.stats.resumed_chunks = 0 if complete else len(store.have)
+        if lacking:
+            check_space(self.config.dest, self.files, self.config.reserve_bytes, self.config.rank, held)
+        store = FileStore(self.files, self.config.dest, held)
+        self.stats.resumed_chunks = store.resumed
+        self._report(store, force=True)  # a follower sees this run's state, not the last run's
         listeners = [self._listen(self.link_to(route.peer_rank)) for route in self.incoming]
         threads = [
             threading.Thread(target=self._guard, args=(store, self._receive, sock, route), daemon=True)
@@ -425,7 +564,7 @@ class RankAgent:
                 thread.join()
             if store.failure is not None:
                 raise store.failure
-            if not complete:
+            if not store.complete:
                 store.finalize()
         finally:
             for sock in listeners:
@@ -434,7 +573,7 @@ class RankAgent:
             self._report(store, force=True)
         return self.stats
 
-    def _guard(self, store: ChunkStore, work, *args) -> None:
+    def _guard(self, store: FileStore, work, *args) -> None:
         try:
             work(store, *args)
         except BaseException as error:  # any failure stops every thread of this rank
@@ -464,7 +603,7 @@ class RankAgent:
         sock.listen(4)
         return sock
 
-    def _accept_neighbour(self, store: ChunkStore, listener: socket.socket, link: Link) -> socket.socket:
+    def _accept_neighbour(self, store: FileStore, listener: socket.socket, link: Link) -> socket.socket:
         """Wait for the feeder; anything else that connects is refused and recorded."""
         deadline = time.monotonic() + self.config.connect_timeout
         while True:
@@ -492,14 +631,14 @@ class RankAgent:
                 send_msg(conn, {"type": "error", "reason": reason})
             conn.close()
 
-    def _receive(self, store: ChunkStore, listener: socket.socket, route: Route) -> None:
+    def _receive(self, store: FileStore, listener: socket.socket, route: Route) -> None:
         link = self.link_to(route.peer_rank)
         conn = self._accept_neighbour(store, listener, link)
         edge = f"rank {route.peer_rank} -> rank {self.config.rank}"
         with conn:
             hello, _ = recv_msg(conn)
-            if hello.get("protocol") != PROTOCOL or hello.get("sha256") != self.manifest.sha256:
-                reason = f"{edge}: offered {hello.get('sha256')}, this rank expects {self.manifest.sha256}"
+            if hello.get("protocol") != PROTOCOL or hello.get("sha256") != self.files.digest:
+                reason = f"{edge}: offered {hello.get('sha256')}, this rank expects {self.files.digest}"
                 send_msg(conn, {"type": "error", "reason": reason})
                 raise FanoutError(reason)
             for attempt in range(self.config.max_resends + 2):
@@ -521,9 +660,10 @@ class RankAgent:
                         with self._stats_lock:
                             self.stats.rejected_chunks += 1
                     self._report(store)
+            names = sorted({self.files.files[self.files.locate(i)[0]].name for i in need[:8]})
             reason = (
-                f"{edge}: chunks {need[:8]} failed verification {self.config.max_resends + 1} times; "
-                f"check the link and the archive on rank {route.peer_rank}"
+                f"{edge}: chunks {need[:8]} (of {', '.join(names)}) failed verification "
+                f"{self.config.max_resends + 1} times; check the link and the files on rank {route.peer_rank}"
             )
             send_msg(conn, {"type": "error", "reason": reason})
             raise FanoutError(reason)
@@ -547,7 +687,7 @@ class RankAgent:
                     ) from error
                 time.sleep(0.2)
 
-    def _send(self, store: ChunkStore, route: Route) -> None:
+    def _send(self, store: FileStore, route: Route) -> None:
         link = self.link_to(route.peer_rank)
         edge = f"rank {self.config.rank} -> rank {route.peer_rank}"
         corrupt = set(self.config.fault_corrupt_chunks)
@@ -555,7 +695,7 @@ class RankAgent:
         rate = self.config.max_rate_mbit * 125_000
         started, paced = time.monotonic(), 0
         with self._connect(link) as conn:
-            send_msg(conn, {"type": "hello", "protocol": PROTOCOL, "sha256": self.manifest.sha256})
+            send_msg(conn, {"type": "hello", "protocol": PROTOCOL, "sha256": self.files.digest})
             while True:
                 header, _ = recv_msg(conn)
                 pending = set(header["chunks"])
@@ -580,11 +720,11 @@ class RankAgent:
                         time.sleep(max(0.0, started + paced / rate - time.monotonic()))
                 send_msg(conn, {"type": "end"})
 
-    def _report(self, store: ChunkStore, force: bool = False) -> None:
+    def _report(self, store: FileStore, force: bool = False) -> None:
         with self._report_lock:  # receiver threads report concurrently; one writer at a time
             self._report_locked(store, force)
 
-    def _report_locked(self, store: ChunkStore, force: bool) -> None:
+    def _report_locked(self, store: FileStore, force: bool) -> None:
         now = time.monotonic()
         if not force and now - self._last_progress < 0.5:
             return
@@ -596,7 +736,7 @@ class RankAgent:
                 "rank": self.config.rank,
                 "phase": "transfer",
                 "pid": os.getpid(),
-                "archive": self.manifest.name,
+                "files": self.files.label,
                 "chunks_verified": have,
                 "chunks_total": store.count,
                 "percent": round(100.0 * have / store.count, 1),
@@ -613,7 +753,7 @@ class RankAgent:
 
 def config_from_dict(data: dict) -> RankConfig:
     return RankConfig(
-        manifest=Manifest.from_dict(data["manifest"]),
+        files=FileSet.from_list(data["files"]),
         dest=data["dest"],
         rank=int(data["rank"]),
         world_size=int(data["world_size"]),
@@ -626,6 +766,7 @@ def config_from_dict(data: dict) -> RankConfig:
         reserve_bytes=int(data.get("reserve_bytes", 0)),
         max_rate_mbit=int(data.get("max_rate_mbit", 0)),
         fault_corrupt_chunks=frozenset(data.get("fault_corrupt_chunks", ())),
+        complete=frozenset(data.get("complete", ())),
     )
 
 

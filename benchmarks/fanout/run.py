@@ -64,7 +64,7 @@ def fresh_dirs(case: str, hosts: list[str], source: Path) -> dict[str, Path]:
 
 def config(manifest: dict, directory: Path, rank: int, world: int, links: list[dict]) -> dict:
     return {
-        "manifest": manifest,
+        "files": [manifest],
         "dest": str(directory),
         "rank": rank,
         "world_size": world,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,7 +61,10 @@ def test_fanout_reaches_every_rank_and_a_second_run_moves_nothing(clean_ranks):
     for host in RANKS[1:]:
         assert name in rank_files(host) and f"{name}.partial" not in rank_files(host)
         assert progress(host, name)["received_bytes"] > 0
-    assert "chunks verified" in done.stdout  # progress shown while it ran
+    # progress: one task header for the whole wait, then one line per rank per interval
+    assert done.stdout.count("TASK [image_fanout : Follow the transfer") == 1
+    for rank in (1, 2, 3):
+        assert re.search(rf"^r{rank} \| rank {rank}: .*chunks verified", done.stdout, flags=re.M), rank
 
     again = run(fanout_argv(ref))
     assert again.returncode == 0, again.stdout[-4000:]
@@ -153,7 +157,7 @@ def test_sender_that_is_not_a_ring_neighbour_is_refused(ring_up, tmp_path):
     port = 29612
 
     def config(directory, rank, host):
-        return {"manifest": manifest, "dest": str(tmp_path / directory), "rank": rank, "world_size": 2,
+        return {"files": [manifest], "dest": str(tmp_path / directory), "rank": rank, "world_size": 2,
                 "links": links[host], "port": port, "connect_timeout": 30, "io_timeout": 30}  # fmt: skip
 
     impostor = "198.19.1.99"

@@ -25,25 +25,34 @@ def loopback_links(fanout, world_size: int, rank: int) -> list:
 
 
 class LoopbackRing:
-    """N rank agents in threads, each with its own destination directory."""
+    """N rank agents in threads, each with its own destination directory; rank 0 holds the files
+    (one archive, or name -> bytes for a set such as a checkpoint)."""
 
-    def __init__(self, fanout, tmp_path: Path, world_size: int, archive: bytes, chunk_size: int) -> None:
+    def __init__(
+        self, fanout, tmp_path: Path, world_size: int, archive: bytes | dict[str, bytes], chunk_size: int
+    ) -> None:
         self.fanout = fanout
         self.world_size = world_size
         self.dirs = [tmp_path / f"r{r}" for r in range(world_size)]
         for directory in self.dirs:
             directory.mkdir()
-        source = self.dirs[0] / "image.tar.zst"
-        source.write_bytes(archive)
-        self.manifest = fanout.build_manifest(str(source), chunk_size)
+        contents = archive if isinstance(archive, dict) else {"image.tar.zst": archive}
+        manifests = []
+        for name, data in contents.items():
+            source = self.dirs[0] / name
+            source.parent.mkdir(parents=True, exist_ok=True)
+            source.write_bytes(data)
+            manifests.append(fanout.build_manifest(str(source), chunk_size, name=name))
+        self.files = fanout.FileSet(tuple(manifests))
+        self.manifest = manifests[0]
         self.port = free_port()
 
-    def path(self, rank: int) -> Path:
-        return self.dirs[rank] / self.manifest.name
+    def path(self, rank: int, name: str | None = None) -> Path:
+        return self.dirs[rank] / (name or self.manifest.name)
 
     def config(self, rank: int, **overrides):
         values = {
-            "manifest": self.manifest,
+            "files": self.files,
             "dest": str(self.dirs[rank]),
             "rank": rank,
             "world_size": self.world_size,

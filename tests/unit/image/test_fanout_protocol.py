@@ -91,7 +91,7 @@ def test_persistent_corruption_fails_naming_the_edge(fanout, tmp_path, archive_b
     ring = LoopbackRing(fanout, tmp_path, 2, archive_bytes, CHUNK)
     results = ring.run({0: {"fault_corrupt_chunks": frozenset({3})}, 1: {"max_resends": 0}})
     assert isinstance(results[1], fanout.FanoutError)
-    assert "rank 0 -> rank 1: chunks [3] failed verification 1 times" in str(results[1])
+    assert "rank 0 -> rank 1: chunks [3] (of image.tar.zst) failed verification 1 times" in str(results[1])
     assert not ring.path(1).exists()
 
 
@@ -136,9 +136,7 @@ def test_sender_that_is_not_a_ring_neighbour_is_refused(fanout, tmp_path, archiv
     def impostor() -> None:
         # on the same cable, but from an address the inventory does not give rank 0
         with socket.create_connection(("127.77.0.2", ring.port), source_address=("127.77.0.9", 0)) as sock:
-            fanout.send_msg(
-                sock, {"type": "hello", "protocol": fanout.PROTOCOL, "sha256": ring.manifest.sha256}
-            )
+            fanout.send_msg(sock, {"type": "hello", "protocol": fanout.PROTOCOL, "sha256": ring.files.digest})
             with pytest.raises(fanout.FanoutError) as refused:
                 fanout.recv_msg(sock)
             replies.append(str(refused.value))
@@ -169,3 +167,65 @@ def test_streamed_manifest_equals_the_file_manifest(fanout, tmp_path, archive_by
     for start in range(0, len(data), block):
         builder.update(data[start : start + block])
     assert builder.finish(path.name) == fanout.build_manifest(str(path), CHUNK)
+
+
+def checkpoint(size: int) -> dict[str, bytes]:
+    """A small multi-file checkpoint: shards in a subdirectory, a config, an empty file."""
+    return {
+        "config.json": b'{"layers": 2}\n',
+        "weights/model-00001-of-00002.safetensors": os.urandom(size),
+        "weights/model-00002-of-00002.safetensors": os.urandom(size // 3 + 17),
+        "empty.txt": b"",
+    }
+
+
+def test_file_set_numbers_chunks_as_one_stream(fanout, tmp_path):
+    ring = LoopbackRing(fanout, tmp_path, 2, checkpoint(3 * CHUNK), CHUNK)
+    counts = [len(m.chunks) for m in ring.files.files]
+    assert ring.files.count == sum(counts) == 1 + 3 + 2 + 1
+    assert ring.files.locate(0) == (0, 0)
+    assert ring.files.locate(3) == (1, 2)
+    assert ring.files.locate(4) == (2, 0)
+    assert ring.files.locate(ring.files.count - 1) == (3, 0)
+    with pytest.raises(fanout.FanoutError, match="outside"):
+        ring.files.locate(ring.files.count)
+    assert fanout.FileSet.from_list(ring.files.to_list()) == ring.files
+    # the digest covers names, sizes and contents, not the order the files were listed in
+    reordered = fanout.FileSet(tuple(reversed(ring.files.files)))
+    assert reordered.digest == ring.files.digest
+    renamed = fanout.FileSet((ring.files.files[0],))
+    assert renamed.digest != ring.files.digest
+
+
+@pytest.mark.parametrize("name", ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a"])
+def test_file_names_must_stay_inside_the_destination(fanout, name):
+    with pytest.raises(fanout.FanoutError, match="relative path"):
+        fanout.check_relative_name(name)
+
+
+def test_four_rank_fanout_of_a_checkpoint_resumes_one_damaged_file(fanout, tmp_path):
+    files = checkpoint(5 * CHUNK)
+    ring = LoopbackRing(fanout, tmp_path, 4, files, CHUNK)
+    # rank 2 already holds the config (verified by its caller) and part of the second shard
+    shard = "weights/model-00002-of-00002.safetensors"
+    (ring.dirs[2] / "weights").mkdir()
+    (ring.dirs[2] / "config.json").write_bytes(files["config.json"])
+    (ring.dirs[2] / (shard + ".partial")).write_bytes(files[shard][:CHUNK])
+    results = ring.run({2: {"complete": frozenset({"config.json"})}})
+    for rank in range(4):
+        assert not isinstance(results[rank], Exception), results[rank]
+        for name, data in files.items():
+            assert ring.path(rank, name).read_bytes() == data, (rank, name)
+        assert not list(ring.dirs[rank].rglob("*.partial"))
+    assert results[2].resumed_chunks == 1
+    assert results[2].received_chunks == ring.files.count - 1 - 1  # not the config, not the kept chunk
+    assert results[0].sent_bytes == {"1": ring.files.size, "3": ring.files.size}
+
+
+def test_a_peer_offering_another_file_set_is_refused(fanout, tmp_path):
+    ring = LoopbackRing(fanout, tmp_path, 2, checkpoint(CHUNK), CHUNK)
+    other = fanout.FileSet(ring.files.files[:2])
+    results = ring.run({0: {"files": other}})
+    assert isinstance(results[1], fanout.FanoutError)
+    assert f"this rank expects {ring.files.digest}" in str(results[1])
+    assert not ring.path(1, "config.json").exists()

@@ -52,7 +52,14 @@ class _CapturingModule:
 
 
 def argument_spec(name: str) -> dict[str, Any]:
-    """The argument_spec the module's main() passes to AnsibleModule (nothing else of main runs)."""
+    """The argument_spec the module's main() passes to AnsibleModule (nothing else of main runs);
+    for an action plugin documented in library/ (a file without code), the plugin's ARGUMENT_SPEC."""
+    action = ROOT / "plugins" / "action" / f"{name}.py"
+    if action.exists():
+        spec = importlib.util.spec_from_file_location(f"_docs_action_{name}", action)
+        plugin = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(plugin)
+        return plugin.ARGUMENT_SPEC
     spec = importlib.util.spec_from_file_location(f"_docs_{name}", MODULES[name])
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it executes
