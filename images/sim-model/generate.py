@@ -1,31 +1,39 @@
 """Generate the tiny local Llama that the simulated ring serves (no downloads).
 
-Random weights from a fixed seed and a byte-level BPE trained on a fixed, sorted slice of
-the standard library's sources: the same interpreter and package versions give the same
-files, so config.json's sha256 can be pinned in the image lock. A `sparkring-model.json`
-beside the model lists every file's sha256 (the lock and SparkCache's identity read it).
+Every byte follows from this file and the pinned package versions, on any machine: weights are
+drawn with numpy's PCG64 (exact integer arithmetic, not torch's CPU-specific normal kernels) and
+the byte-level BPE is trained on a corpus built here from a fixed word list and seed (not on the
+interpreter's own sources, which differ between Python patch releases). That is what lets the
+image lock pin every file of the model (`images/lock.json` models.sim-target.files), and the model
+stage verify the copy on every rank against it.
 
-Usage: python generate.py OUT_DIR   (needs torch, transformers, tokenizers: .venv-vllm)
+Usage: python generate.py OUT_DIR   (needs torch, transformers, tokenizers, numpy: .venv-vllm)
 """
 
 import hashlib
-import json
 import os
+import random
 import sys
-import sysconfig
 from pathlib import Path
 
 # Before tokenizers is imported: one training thread keeps merges in a reproducible order.
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SEED = 20260730
 VOCAB_SIZE = 1024
-CORPUS_FILES = 200  # sorted stdlib .py files used to train the tokenizer
+CORPUS_SENTENCES = 20000  # sentences of the tokenizer's training corpus
+# Words the corpus is made of: English glue, the project's own vocabulary, some code.
+WORDS = """the a of to and in is it that for on with as by at from this be are was or an which
+ring rank four node link cable model token cache page layer head weight shard file manifest
+digest chunk relay peer send receive verify restore serve launch image stage spark fabric
+transport overlay all reduce gather scatter tensor parallel context decode prefill batch
+def class return import if else for while self none true false print len range list dict"""
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}"
@@ -52,10 +60,14 @@ def model_config() -> LlamaConfig:
     )
 
 
-def corpus_files() -> list[Path]:
-    """A fixed, sorted slice of the stdlib's top-level modules (no site-packages)."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(stdlib.glob("*.py"))[:CORPUS_FILES]
+def corpus() -> list[str]:
+    """Sentences from WORDS with a seeded Mersenne Twister: the same text on every machine."""
+    rng, words = random.Random(SEED), WORDS.split()
+    sentences = []
+    for _ in range(CORPUS_SENTENCES):
+        picked = [rng.choice(words) for _ in range(rng.randint(3, 14))]
+        sentences.append(" ".join(picked).capitalize() + rng.choice([".", ".", "?", ":", ","]))
+    return sentences
 
 
 def train_tokenizer() -> PreTrainedTokenizerFast:
@@ -69,7 +81,7 @@ def train_tokenizer() -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train([str(p) for p in corpus_files()], trainer)
+    tokenizer.train_from_iterator(corpus(), trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=SPECIAL_TOKENS[0],
@@ -80,24 +92,25 @@ def train_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def file_digests(out: Path) -> dict[str, str]:
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(out.iterdir())
-        if p.is_file() and p.name != "sparkring-model.json"
-    }
+def machine_independent_weights(model: LlamaForCausalLM) -> None:
+    """Replace every matrix with uniform values from PCG64 (std 0.02); norms stay ones."""
+    rng = np.random.Generator(np.random.PCG64(SEED))
+    half_width = np.float32(0.02 * 3**0.5)
+    with torch.no_grad():
+        for _name, param in sorted(model.named_parameters()):
+            if param.dim() < 2:
+                continue
+            values = rng.random(tuple(param.shape), dtype=np.float32) * (2 * half_width) - half_width
+            param.copy_(torch.from_numpy(values))
 
 
 def generate(out: Path) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(SEED)
     model = LlamaForCausalLM(model_config())
+    machine_independent_weights(model)
     model.save_pretrained(out, safe_serialization=True)
     train_tokenizer().save_pretrained(out)
-    digests = file_digests(out)
-    manifest = {"generator": "images/sim-model/generate.py", "seed": SEED, "sha256": digests}
-    (out / "sparkring-model.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return digests
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir()) if p.is_file()}
 
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@ rewrites the tree hashes when the sources changed on purpose.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from transport import integrity
 
@@ -115,22 +116,52 @@ class SourceTree(Strict):
     sha256: Sha256
 
 
+# A file inside a model repository, relative (hub repos keep files such as
+# `original/params.json` and `.gitattributes`); "." and ".." components are refused below.
+ModelPath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*$")]
+
+
+class ModelFile(Strict):
+    """One file of a pinned model: what every rank must hold under that name, byte for byte."""
+
+    path: ModelPath
+    size: Annotated[int, Field(ge=0)]
+    sha256: Sha256
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, value: str) -> str:
+        if any(part in (".", "..") for part in value.split("/")):
+            raise ValueError("a model file path stays inside the model directory (no '.' or '..')")
+        return value
+
+
 class Model(Strict):
-    """A model or draft: generated locally (sim) or a hub repository at an exact revision."""
+    """A model or draft, pinned by content: a hub repository at an exact commit, or generated
+    here (the sim's tiny model) under a label; either way the manifest of every file."""
 
     role: Literal["target", "draft"]
     source: Literal["generated", "hub"]
     generator: RepoPath | None = None
     repository: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")] | None = None
-    revision: GitCommit | None = None
-    config_sha256: Sha256
+    # hub: the 40-hex commit; generated: the generator's label (the profile's MODEL_REVISION).
+    revision: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")]
+    files: Annotated[list[ModelFile], Field(min_length=1)]
 
     @model_validator(mode="after")
     def _source_fields(self) -> Model:
-        if self.source == "generated" and (self.generator is None or self.repository or self.revision):
-            raise ValueError("a generated model names its generator and no repository/revision")
-        if self.source == "hub" and (self.repository is None or self.revision is None or self.generator):
-            raise ValueError("a hub model names repository and an exact 40-hex revision, no generator")
+        if self.source == "generated" and (self.generator is None or self.repository):
+            raise ValueError("a generated model names its generator and no repository")
+        if self.source == "hub" and (self.repository is None or self.generator):
+            raise ValueError("a hub model names its repository and no generator")
+        if self.source == "hub" and not re.fullmatch(r"[0-9a-f]{40}", self.revision):
+            raise ValueError(
+                f"revision {self.revision!r}: a hub model is pinned by its exact 40-hex commit, "
+                "never a branch or tag"
+            )
+        paths = [file.path for file in self.files]
+        if len(set(paths)) != len(paths):
+            raise ValueError(f"files: a path is listed twice in {sorted(paths)}")
         return self
 
 

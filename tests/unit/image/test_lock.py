@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -76,7 +77,10 @@ def test_nccl_section_errors_name_the_field(mutate, field):
         (("base_images", "gb10", "digest"), "latest", "digest"),
         (("base_images", "gb10", "platform"), "linux/riscv64", "platform"),
         (("vllm", "sim_wheel", "sha256"), "ad44", "sha256"),
-        (("models", "sim-target", "revision"), "main", "revision"),
+        (("models", "sim-target", "revision"), "sim tiny", "revision"),
+        (("models", "sim-target", "files", 0, "path"), "../config.json", "path"),
+        (("models", "sim-target", "files", 0, "size"), -1, "size"),
+        (("models", "sim-target", "files"), [], "files"),
         (("surprise",), 1, "surprise"),
     ],
 )
@@ -132,3 +136,57 @@ def test_the_gb10_containerfile_installs_nccl_where_the_lock_says() -> None:
     assert f"COPY nccl/libnccl.so.2 {lock.NCCL_IN_IMAGE}\n" in containerfile
     assert f"VLLM_NCCL_SO_PATH={lock.NCCL_IN_IMAGE} " in containerfile
     assert f"LD_LIBRARY_PATH={Path(lock.NCCL_IN_IMAGE).parent}:" in containerfile
+
+
+def hub_model(**changes) -> dict:
+    """A hub model as the lock pins one: repository, exact commit, every file."""
+    return {
+        "role": "draft",
+        "source": "hub",
+        "repository": "example-org/tiny-draft",
+        "revision": "0123456789abcdef0123456789abcdef01234567",
+        "files": [{"path": "original/params.json", "size": 12, "sha256": HEX}],
+    } | changes
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"revision": "main"}, "exact 40-hex commit"),
+        ({"revision": "v1.0"}, "exact 40-hex commit"),
+        ({"repository": None}, "names its repository"),
+        ({"generator": "images/sim-model/generate.py"}, "no generator"),
+        ({"files": [{"path": "a", "size": 1, "sha256": HEX}] * 2}, "listed twice"),
+    ],
+)
+def test_hub_models_are_pinned_by_commit_and_files(changes, message):
+    data = lock_data()
+    data["models"]["draft"] = hub_model()
+    assert lock.Lock.model_validate(data).models["draft"].revision == hub_model()["revision"]
+    data["models"]["draft"] = hub_model(**changes)
+    with pytest.raises(ValidationError, match=message):
+        lock.Lock.model_validate(data)
+
+
+VLLM_PYTHON = lock.ROOT / ".venv-vllm" / "bin" / "python"
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs .venv-vllm (make vllm-venv): torch, transformers")
+def test_the_generator_reproduces_the_pinned_sim_model(tmp_path):
+    """Every pinned byte of the sim model follows from generate.py (any machine, any run)."""
+    pinned = lock.load_lock().models["sim-target"]
+    done = subprocess.run(
+        [str(VLLM_PYTHON), str(lock.ROOT / pinned.generator), str(tmp_path / "model")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    made = sorted((p.name, p.stat().st_size, p.read_bytes()) for p in Path(tmp_path / "model").iterdir())
+    assert [(name, size) for name, size, _ in made] == [(f.path, f.size) for f in pinned.files]
+    for (name, _size, data), pin in zip(made, pinned.files, strict=True):
+        assert hashlib.sha256(data).hexdigest() == pin.sha256, (
+            f"{name}: generate.py no longer makes the pinned bytes; if intended, pin the new files "
+            "in images/lock.json models.sim-target.files and bump its revision (and MODEL_REVISION)"
+        )
