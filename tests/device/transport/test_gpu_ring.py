@@ -64,6 +64,20 @@ def _inputs(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     return (torch.randn(n, generator=gen) * 4).to(dtype)
 
 
+def captured(fn):
+    """(graph, fn's result inside it): fn runs once on a side stream first (registering its plans),
+    then is captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The raw bits of a float tensor, so comparisons are bitwise (NaN and -0.0 included)."""
     return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
@@ -121,16 +135,9 @@ def host_bytes_and_graphs(spec, port):
         # Graphs: one 16 KB fp16 all-reduce and one all-gather captured, replayed with fresh inputs.
         static = torch.zeros(8192, dtype=torch.float16, device="cuda")
         gstatic = torch.zeros(5, 8, 64, dtype=torch.bfloat16, device="cuda")
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            gpu.all_reduce(static)
-            gpu.all_gather(gstatic, dim=1)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            reduced = gpu.all_reduce(static)
-            gathered = gpu.all_gather(gstatic, dim=1)
+        graph, (reduced, gathered) = captured(
+            lambda: (gpu.all_reduce(static), gpu.all_gather(gstatic, dim=1))
+        )
         before = gpu.stats()
         bad = 0
         for i in range(REPLAYS):
@@ -179,14 +186,7 @@ def replay_until_failure(rank: int, tcp_port: int, progress, queue) -> None:
     with _setup(spec, tcp_port, BOUND_S) as comm:
         gpu = GpuCollectives(comm)
         static = torch.ones(4096, device="cuda")
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            gpu.all_reduce(static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            gpu.all_reduce(static)
+        graph, _ = captured(lambda: gpu.all_reduce(static))
         while True:
             start = time.monotonic()
             graph.replay()
@@ -228,14 +228,7 @@ def nccl_replays(rank: int, world: int) -> dict:
     )
     gpu = GpuCollectives(comm)
     static = torch.zeros(8192, dtype=torch.float16, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        gpu.all_reduce(static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ring = gpu.all_reduce(static)
+    graph, ring = captured(lambda: gpu.all_reduce(static))
     gen = torch.Generator(device="cuda").manual_seed(rank)
     bad = 0
     for _ in range(n):
