@@ -170,8 +170,8 @@ def engine() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(ENGINE.build()))
     vp, sz, u32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32
     lib.sr_abi_version.restype = ctypes.c_int
-    lib.sr_checksum.argtypes = [vp, sz]
-    lib.sr_checksum.restype = u32
+    for name in ("sr_checksum", "sr_checksum_portable"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = [vp, sz], u32
     for name in ("sr_reduce", "sr_reduce_portable"):
         getattr(lib, name).argtypes, getattr(lib, name).restype = [vp, vp, sz, ctypes.c_int], None
     lib.sr_peer_new.argtypes = [ctypes.c_int] * 4 + [u32, u32]

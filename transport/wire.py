@@ -20,7 +20,7 @@ import struct
 from transport._native import engine
 
 MAGIC = 0x31465253
-VERSION = 1
+VERSION = 2  # SR_WIRE_VERSION: 2 is the eight-lane payload checksum
 KIND_DATA = 1
 KIND_ACK = 2
 HEADER = struct.Struct("<IBBHHHQII")  # everything but header_sum (28 bytes)

@@ -71,6 +71,9 @@ int sr_abi_version(void) { return SR_WIRE_VERSION; }
 
 uint32_t sr_checksum(const void *data, size_t len) { return sr_checksum_bytes(data, len); }
 
+/* The checksum's portable loop (what a node without AVX2 runs); exported for the tests. */
+uint32_t sr_checksum_portable(const void *data, size_t len) { return sr_checksum_with(data, len, 0); }
+
 void sr_reduce(void *dst, const void *src, size_t bytes, int dtype) { sr_reduce_add(dst, src, bytes, dtype); }
 
 /* The portable loops that a node without AVX2 and F16C runs; exported so that tests on an x86

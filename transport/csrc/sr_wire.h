@@ -9,9 +9,12 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #define SR_FRAME_MAGIC 0x31465253u /* "SRF1" little-endian */
-#define SR_WIRE_VERSION 1
+#define SR_WIRE_VERSION 2 /* 2: the eight-lane payload checksum (sr_checksum_bytes) */
 #define SR_KIND_DATA 1
 #define SR_KIND_ACK 2
 #define SR_HEADER_BYTES 32
@@ -80,41 +83,107 @@ typedef struct sr_lane {
 
 #define SR_MAX_LANES 4
 
-/* Four independent multiply-rotate lanes: fast enough to run on every byte at link rate,
- * and any change to one 8-byte word changes the result (a bijection per lane). */
+#if defined(__x86_64__)
+/* AVX2 (and F16C for the fp16 adds) are picked at run time: every x86-64 server since 2013. */
+static inline int sr_have_avx2(void) {
+    static int have = -1;
+    if (have < 0)
+        have = __builtin_cpu_supports("avx2");
+    return have;
+}
+
+static inline int sr_have_avx2_f16c(void) {
+    static int have = -1;
+    if (have < 0)
+        have = sr_have_avx2() && __builtin_cpu_supports("f16c");
+    return have;
+}
+#endif
+
+/* Multiply-rotate: a bijection of h for each w, so any change to one word changes the result. */
 static inline uint64_t sr_mix(uint64_t h, uint64_t w) {
     h ^= w * 0x9E3779B97F4A7C15ull;
     h = (h << 31) | (h >> 33);
     return h * 0xC2B2AE3D27D4EB4Full;
 }
 
-static inline uint32_t sr_checksum_bytes(const void *data, size_t len) {
+/* The checksum (wire version 2) reads 64-byte stripes in eight 64-bit lanes. Each lane adds
+ * every word it reads (so any change to a word moves its lane's sum) and the product of the
+ * two halves of the word xor a key that differs per lane and per stripe (so moving a word
+ * changes the result too); the lanes are folded by sr_mix at the end. The lanes are
+ * independent and each takes one 32x32->64 multiply per word, so the loop vectorises: about
+ * 39 GB/s on one core with AVX2 here, where version 1's chain of two dependent 64-bit
+ * multiplies per word ran at 11.5 and capped the engine's threads. */
+#define SR_SUM_LANES 8
+#define SR_SUM_STEP 0x9E3779B97F4A7C15ull /* the key moves on by this per stripe */
+static const uint64_t SR_SUM_KEYS[SR_SUM_LANES] __attribute__((aligned(32))) = {
+    0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull, 0x082EFA98EC4E6C89ull,
+    0x452821E638D01377ull, 0xBE5466CF34E90C6Cull, 0xC0AC29B7C97C50DDull, 0x3F84D5B5B5470917ull};
+
+static inline void sr_sum_stripes(uint64_t *restrict acc, uint64_t *restrict sum, const unsigned char *p,
+                                  size_t stripes, uint64_t key) {
+    for (size_t s = 0; s < stripes; s++, key += SR_SUM_STEP)
+        for (int j = 0; j < SR_SUM_LANES; j++) {
+            uint64_t w;
+            memcpy(&w, p + 64 * s + 8 * j, 8);
+            uint64_t x = w ^ (key + SR_SUM_KEYS[j]);
+            acc[j] += (uint64_t)(uint32_t)x * (uint64_t)(uint32_t)(x >> 32);
+            sum[j] += w;
+        }
+}
+
+#if defined(__x86_64__)
+/* sr_sum_stripes four lanes to a register (the same values). */
+__attribute__((target("avx2"))) static inline void sr_sum_stripes_avx2(uint64_t *restrict acc, uint64_t *restrict sum,
+                                                                       const unsigned char *p, size_t stripes,
+                                                                       uint64_t key) {
+    __m256i a0 = _mm256_loadu_si256((const __m256i *)acc), a1 = _mm256_loadu_si256((const __m256i *)(acc + 4));
+    __m256i s0 = _mm256_loadu_si256((const __m256i *)sum), s1 = _mm256_loadu_si256((const __m256i *)(sum + 4));
+    const __m256i k0 = _mm256_load_si256((const __m256i *)SR_SUM_KEYS);
+    const __m256i k1 = _mm256_load_si256((const __m256i *)(SR_SUM_KEYS + 4));
+    const __m256i step = _mm256_set1_epi64x((long long)SR_SUM_STEP);
+    __m256i k = _mm256_set1_epi64x((long long)key);
+    for (size_t s = 0; s < stripes; s++, p += 64) {
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)p), w1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+        __m256i x0 = _mm256_xor_si256(w0, _mm256_add_epi64(k, k0)), x1 = _mm256_xor_si256(w1, _mm256_add_epi64(k, k1));
+        a0 = _mm256_add_epi64(a0, _mm256_mul_epu32(x0, _mm256_srli_epi64(x0, 32)));
+        a1 = _mm256_add_epi64(a1, _mm256_mul_epu32(x1, _mm256_srli_epi64(x1, 32)));
+        s0 = _mm256_add_epi64(s0, w0);
+        s1 = _mm256_add_epi64(s1, w1);
+        k = _mm256_add_epi64(k, step);
+    }
+    _mm256_storeu_si256((__m256i *)acc, a0);
+    _mm256_storeu_si256((__m256i *)(acc + 4), a1);
+    _mm256_storeu_si256((__m256i *)sum, s0);
+    _mm256_storeu_si256((__m256i *)(sum + 4), s1);
+}
+#endif
+
+/* The checksum of data[len]; `vector` 0 takes the portable loop (the tests compare both). */
+static inline uint32_t sr_checksum_with(const void *data, size_t len, int vector) {
     const unsigned char *p = (const unsigned char *)data;
-    uint64_t a = 0x243F6A8885A308D3ull, b = 0x13198A2E03707344ull;
-    uint64_t c = 0xA4093822299F31D0ull, d = 0x082EFA98EC4E6C89ull;
-    size_t i = 0;
-    for (; i + 32 <= len; i += 32) {
-        uint64_t w[4];
-        memcpy(w, p + i, 32);
-        a = sr_mix(a, w[0]);
-        b = sr_mix(b, w[1]);
-        c = sr_mix(c, w[2]);
-        d = sr_mix(d, w[3]);
+    uint64_t acc[SR_SUM_LANES], sum[SR_SUM_LANES] = {0};
+    memcpy(acc, SR_SUM_KEYS, sizeof acc);
+    size_t stripes = len / 64;
+#if defined(__x86_64__)
+    if (vector && sr_have_avx2())
+        sr_sum_stripes_avx2(acc, sum, p, stripes, 0);
+    else
+#endif
+        sr_sum_stripes(acc, sum, p, stripes, 0);
+    (void)vector;
+    if (len % 64) { /* the tail as a stripe padded with zeros; the length below tells them apart */
+        unsigned char last[64] = {0};
+        memcpy(last, p + 64 * stripes, len % 64);
+        sr_sum_stripes(acc, sum, last, 1, stripes * SR_SUM_STEP);
     }
-    for (; i + 8 <= len; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        a = sr_mix(a, w);
-    }
-    if (i < len) {
-        uint64_t w = 0;
-        memcpy(&w, p + i, len - i);
-        b = sr_mix(b, w ^ 0xFFull);
-    }
-    uint64_t h = sr_mix(sr_mix(a, b), sr_mix(c, d)) ^ (uint64_t)len;
-    h = sr_mix(h, 0x9E3779B97F4A7C15ull);
+    uint64_t h = (uint64_t)len * 0xC2B2AE3D27D4EB4Full;
+    for (int j = 0; j < SR_SUM_LANES; j++)
+        h = sr_mix(sr_mix(h, acc[j]), sum[j]);
     return (uint32_t)(h ^ (h >> 32));
 }
+
+static inline uint32_t sr_checksum_bytes(const void *data, size_t len) { return sr_checksum_with(data, len, 1); }
 
 static inline void sr_header_fill(sr_header *h, uint8_t kind, uint16_t src, uint16_t dst, uint64_t seq,
                                   const void *payload, uint32_t length) {
@@ -211,8 +280,6 @@ __attribute__((always_inline)) static inline void sr_add_bf16(uint16_t *restrict
 }
 
 #if defined(__x86_64__)
-#include <immintrin.h>
-
 /* sr_add eight at a time. */
 __attribute__((target("avx2"))) static inline __m256 sr_add8(__m256 a, __m256 b) {
     __m256 sum = _mm256_add_ps(a, b);
@@ -266,12 +333,6 @@ __attribute__((target("avx2"))) static inline void sr_add_bf16_avx2(uint16_t *re
     sr_add_bf16(d + i, s + i, n - i);
 }
 
-static inline int sr_have_avx2_f16c(void) {
-    static int have = -1;
-    if (have < 0)
-        have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-    return have;
-}
 #endif
 
 /* The portable loops alone: what sr_reduce_add runs on a CPU without AVX2 and F16C (any
