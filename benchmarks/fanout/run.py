@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import itertools
 import json
 import os
@@ -41,13 +40,12 @@ WORK = Path("/tmp/im-bench-fanout")
 
 
 def load_fanout():
-    """The fan-out module_utils loaded by path, its geometry import resolved as a script's would be."""
-    for name in ("sparkring_geometry", "sparkring_fanout"):
-        spec = importlib.util.spec_from_file_location(name, ROOT / "module_utils" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
+    """The fan-out module_utils imported as the agent script imports it (its siblings resolve from
+    module_utils/, as Ansible's would from ansible.module_utils)."""
+    sys.path.insert(0, str(ROOT / "module_utils"))
+    import sparkring_fanout
+
+    return sparkring_fanout
 
 
 def fresh_dirs(case: str, hosts: list[str], source: Path) -> dict[str, Path]:

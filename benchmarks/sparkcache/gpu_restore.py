@@ -24,10 +24,13 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks.* (not an installed package)
 
 import run
 

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "vllm" / "sparkcache"))  # vllm harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks.* (not an installed package)
 
 import crashloop
 

@@ -31,3 +31,12 @@ def test_replot_draws_beside_the_file_it_is_told(tmp_path: Path) -> None:
     assert out.with_suffix(".png").stat().st_size > 0
     assert json.loads(out.read_text())["ratio_vs_single_link"]  # the JSON is read, not rewritten
     assert sorted(p.name for p in out.parent.iterdir()) == ["fanout-test.json", "fanout-test.png"]
+
+
+def test_the_benchmark_loads_the_fan_out_code_it_measures() -> None:
+    # The agent's module_utils import their siblings; the benchmark must resolve them as the agent does.
+    probe = "import run; fan = run.load_fanout(); print(fan.build_manifest.__module__)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=SCRIPT.parent, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "sparkring_fanout", done.stderr
