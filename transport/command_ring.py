@@ -85,6 +85,7 @@ class CommandRing:
     def __init__(self, comm: Any, memory: RingMemory, *, spin_us: int = 200, max_plans: int = 1024) -> None:
         self.comm, self.memory, self.lib = comm, memory, progress()
         self.rank, self.world = comm.rank, comm.world
+        self.adds_in_place = comm.fabric.adds_in_place
         handles = [link.handle.value for link in comm.links.values()]
         peers = (ctypes.c_void_p * max(1, len(handles)))(*handles)
         transfer = ctypes.cast(comm.fabric.transfer_lanes, ctypes.c_void_p)
@@ -213,7 +214,7 @@ class CommandRing:
     def all_reduce(self, x: Any, algorithm: str = "auto") -> Any:
         """Sum over all ranks through the progress thread; the host communicator's bytes."""
         buf = as_host_buffer(x)
-        p = plans.all_reduce(self.rank, self.world, buf.array.size, buf.code, algorithm)
+        p = plans.all_reduce(self.rank, self.world, buf.array.size, buf.code, algorithm, self.adds_in_place)
         out = self._run(p, buf.array).view(buf.array.dtype).reshape(buf.array.shape)
         return buf.wrap(out)
 

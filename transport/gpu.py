@@ -190,7 +190,9 @@ class GpuCollectives:
         code = CODES[x.dtype]
         pid, p = self._plan(
             ("all_reduce", x.numel(), code, algorithm),
-            lambda: plans.all_reduce(self.rank, self.world, x.numel(), code, algorithm),
+            lambda: plans.all_reduce(
+                self.rank, self.world, x.numel(), code, algorithm, self.ring.adds_in_place
+            ),
         )
         out = torch.empty_like(x)
         self._enqueue("all_reduce", x, out, pid, p)

@@ -7,7 +7,8 @@ the same bytes; tests compare them. A plan depends only on (collective, rank, wo
 dtype), never on where the arena lives, so it is built once per shape and replayed forever.
 
 Arena layout: the input/result region at offset 0; an all-reduce's snapshot scratch (a
-matching round sends the value it is adding into) after it, 256-byte aligned.
+matching round sends the value it is adding into) after it, 256-byte aligned, unless the
+fabric adds in place (it adds a frame only once that frame has left: the tcp engine).
 """
 
 from __future__ import annotations
@@ -68,19 +69,26 @@ class Plan:
     steps: tuple[Step, ...]
 
 
-def all_reduce(rank: int, world: int, count: int, code: int, algorithm: str = "auto") -> Plan:
-    """Sum of ``count`` elements of dtype ``code`` over the ring, in place at offset 0."""
+def all_reduce(
+    rank: int, world: int, count: int, code: int, algorithm: str = "auto", adds_in_place: bool = False
+) -> Plan:
+    """Sum of ``count`` elements of dtype ``code`` over the ring, in place at offset 0.
+
+    ``adds_in_place``: the fabric's (``fabric.adds_in_place``); without it each matching round
+    sends a snapshot, as the host communicator does.
+    """
     isz = ITEMSIZE[code]
     nbytes = count * isz
     algo = schedule.allreduce_algorithm(world, nbytes, algorithm)
     steps: list[Step] = []
     arena = nbytes
     if algo in ("exchange", "matching"):
-        scratch = align(nbytes)
-        arena = scratch + nbytes
+        send = 0 if adds_in_place else align(nbytes)
+        arena = send + nbytes
         for peer in schedule.matching_peers(rank, world):
-            steps.append(Step(STEP_COPY, COPY, (Lane(None, 0, nbytes, None, scratch, nbytes),)))
-            steps.append(Step(STEP_LANES, ADD, (Lane(peer, scratch, nbytes, peer, 0, nbytes),)))
+            if not adds_in_place:
+                steps.append(Step(STEP_COPY, COPY, (Lane(None, 0, nbytes, None, send, nbytes),)))
+            steps.append(Step(STEP_LANES, ADD, (Lane(peer, send, nbytes, peer, 0, nbytes),)))
     else:
         rings = []
         for d, (base, end) in zip(schedule.RING_DIRECTIONS, schedule.ring_halves(count), strict=True):
