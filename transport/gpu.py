@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +43,17 @@ KERNEL_MARGIN_NS = 5_000_000_000  # a spinning kernel's own bound past the progr
 # GPU is free meanwhile, for processes that share a GPU without MPS).
 WAIT_MODES = {"stream": 0, "spin": 1}
 WAIT_MODE = os.environ.get("SPARKRING_GPU_WAIT", "spin")
+
+
+def mps_active() -> bool:
+    """Whether an MPS daemon runs on this machine (its pipe files outlive it, its process does not)."""
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() in ("nvidia-cuda-mps", "nvidia-cuda-mps-control"):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 class GpuCall(ctypes.Structure):

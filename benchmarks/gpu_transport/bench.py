@@ -224,10 +224,11 @@ def run_peer(peer: str, world: int, cfg: dict, timeout_s: float) -> dict:
 
 def gpu_sharing(world: int, gpus: int) -> str:
     """How the ranks share the GPUs, which decides what the latencies mean."""
+    from transport.gpu import mps_active
+
     if gpus >= world:
         return "one GPU per rank"
-    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control"
-    return "MPS (ranks run concurrently on each GPU)" if pipe.exists() else "time-sliced (no MPS)"
+    return "MPS (ranks run concurrently on each GPU)" if mps_active() else "time-sliced (no MPS)"
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -52,12 +52,6 @@ def gpu_lane() -> None:
         pytest.skip(reason)
 
 
-def mps_running() -> bool:
-    """An MPS control daemon answers on this process's pipe directory."""
-    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control"
-    return pipe.exists()
-
-
 def _setup(spec, port, timeout_s=30.0):
     from transport.comm import Communicator
 
@@ -211,7 +205,9 @@ def replay_until_failure(rank: int, tcp_port: int, progress, queue) -> None:
 @pytest.mark.device
 @pytest.mark.parametrize("wait", ["spin", "stream"])
 def test_a_killed_peer_completes_every_survivors_stream_with_an_error_naming_it(gpu_lane, wait, monkeypatch):
-    if wait == "spin" and torch.cuda.device_count() < 4 and mps_running():
+    from transport.gpu import mps_active
+
+    if wait == "spin" and torch.cuda.device_count() < 4 and mps_active():
         # Killing an MPS client while its kernel runs faults every client of that GPU (an
         # illegal-address error in the survivors): ranks of one GPU each, as on Sparks, or
         # time-slicing without MPS, are the setups where a spinning kernel's rank can die alone.
