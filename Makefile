@@ -81,9 +81,11 @@ sim-model: $(SIM_MODEL)/config.json
 $(SIM_MODEL)/config.json: images/sim-model/generate.py $(STAMPS)/vllm-venv
 	$(VLLM_BIN)/python images/sim-model/generate.py $(SIM_MODEL)
 
-# Soft-RoCE lane (opt-in; not part of `make test`): two QEMU TCG guests running Debian's kernel
-# with rdma_rxe run real verbs (perftest, then the transport's verbs fabric). Root; the guest root
-# and image are cached in /var/cache/sparkring-softroce; tests/softroce/run.sh documents the knobs.
+# Soft-RoCE lane (opt-in; not part of `make test`): four QEMU TCG guests in a ring, each cable end
+# two rxe "twins" as a Spark cage, running Debian's kernel with rdma_rxe, run real verbs (perftest,
+# then the transport's verbs fabric striped over the twins and the four-rank burn gate). Root; the
+# guest root and image are cached in /var/cache/sparkring-softroce; tests/softroce/run.sh documents
+# the knobs.
 .PHONY: softroce
 softroce: venv
 	tests/softroce/run.sh deps

@@ -19,8 +19,10 @@ description:
   - It changes nothing on the node. A failed check is a result, not a module failure; the
     caller (the C(preflight) role) decides to fail the play. The module fails only on
     arguments it cannot use.
-  - Link facts are read through C(module_utils/sparkring_link_facts), shared with cable
-    qualification.
+  - A ring port is one cage with its twins (a Spark cage is two netdev/RDMA functions). Every
+    twin's link, speed, MTU, addresses and RDMA port and GID are checked by the rules of
+    C(module_utils/sparkring_ring_checks), which cable qualification shares; link facts are
+    read through C(module_utils/sparkring_link_facts).
 version_added: "0.1.0"
 author: SparkRing
 options:
@@ -42,7 +44,7 @@ options:
     type: int
     required: true
   link_speed_mbps:
-    description: The least negotiated speed of every ring port; null skips PF-LINK-SPEED.
+    description: The exact negotiated speed of every twin where its driver reports one; null skips PF-LINK-SPEED.
     type: int
   management:
     description: The management interface and address (the inventory's C(sparkring_management)).
@@ -53,27 +55,6 @@ options:
       address: {type: str, required: true, description: IPv4 address.}
       prefix: {type: int, required: true, description: Prefix length.}
       cidr: {type: str, description: Address/prefix (informational).}
-  ports:
-    description: This rank's ring ports (the inventory's C(sparkring_ports)).
-    type: list
-    elements: dict
-    required: true
-    suboptions:
-      cage: {type: int, required: true, description: Cage index of the port.}
-      interface: {type: str, required: true, description: Interface name.}
-      edge: {type: str, required: true, description: Edge (cable) id.}
-      address: {type: str, required: true, description: IPv4 address of the port.}
-      prefix: {type: int, required: true, description: Prefix length.}
-      cidr: {type: str, description: Address/prefix (informational).}
-      subnet: {type: str, description: The edge's subnet (informational).}
-      peer_rank: {type: int, required: true, description: Rank at the other end of the cable.}
-      peer_host: {type: str, description: Inventory host of the peer (informational).}
-      peer_address: {type: str, required: true, description: Peer port address.}
-      peer_interface: {type: str, description: Peer interface (informational).}
-      peer_cage: {type: int, required: true, description: Cage of the peer port.}
-      rdma_device: {type: str, description: RDMA device of the port (verbs fabric).}
-      rdma_port: {type: int, description: RDMA port number (verbs fabric).}
-      gid_index: {type: raw, description: 'RoCE GID index, or C(auto) to find it.'}
   ring_addresses:
     description:
       - Every rank's ring addresses, keyed by rank. Ranks that are neither this rank nor a
@@ -117,6 +98,7 @@ options:
     default: 2
 extends_documentation_fragment:
   - action_common_attributes
+  - sparkring_ring_port.ports
 attributes:
   check_mode:
     support: full
@@ -155,7 +137,8 @@ checks:
   contains:
     id: {description: Stable check ID such as PF-LINK-MTU., type: str}
     status: {description: pass, fail or skip., type: str}
-    subject: {description: 'What was checked: the rank, a port, or an edge C(r1 cage1 <-> r2 cage1).', type: str}
+    domain: {description: 'Where a failure lies: node, or a ring domain (link, mtu, addressing, rdma, path).', type: str}
+    subject: {description: 'What was checked: the rank, or an edge and twin C(r1 cage1 <-> r2 cage1 (ring1)).', type: str}
     detail: {description: Measured against expected (or why it was skipped)., type: str}
     fix: {description: What to do when it failed (empty otherwise)., type: str}
 failures:
@@ -168,7 +151,7 @@ counts:
   type: dict
   sample: {pass: 20, fail: 0, skip: 3}
 gid_indices:
-  description: Resolved RoCE GID index per ring interface (verbs fabric; "auto" resolved).
+  description: Resolved RoCE GID index per twin interface (verbs fabric; "auto" resolved).
   returned: always
   type: dict
   sample: {enp1s0f0np0: 3}
@@ -182,29 +165,33 @@ import re
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sparkring_link_facts import (
+    LINK_LOCAL,
     SYSFS,
     Gid,
     Link,
     LinkFactError,
-    PingResult,
-    RdmaPort,
     Runner,
-    find_roce_v2_gid,
-    gid_table_length,
     ipv4_addresses,
     ipv4_mapped_gid,
-    jumbo_payload,
+    nccl_auto_gid,
     ping,
-    rdma_devices,
-    read_gid,
     read_link,
-    read_rdma_port,
     route_to,
+)
+from ansible.module_utils.sparkring_ring_checks import (
+    RING_PORT_OPTIONS,
+    Check,
+    jumbo_check,
+    jumbo_reply,
+    port_argument_problems,
+    read_twin,
+    twin_checks,
+    twin_subject,
 )
 
 # The order results come out in (and the order of the table in docs/preflight.md).
@@ -220,8 +207,10 @@ CHECK_IDS = (
     "PF-DISK-FREE",
     "PF-PORTS-FREE",
     "PF-CONTAINER-ENGINE",
+    "PF-RDMA-BIND",
     "PF-RDMA-PORT",
     "PF-RDMA-GID",
+    "PF-NCCL-GID",
     "PF-GPU",
 )
 GIB = 1024**3
@@ -230,42 +219,22 @@ _LISTEN_STATE = {"tcp": "0A", "udp": "07"}
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 
 
-@dataclass(frozen=True)
-class Result:
-    """One check outcome, as it appears in the JSON report."""
-
-    id: str
-    status: str
-    subject: str
-    detail: str
-    fix: str = ""
+def passed(check: str, subject: str, detail: str) -> Check:
+    return Check(check, "pass", "node", subject, detail)
 
 
-def passed(check: str, subject: str, detail: str) -> Result:
-    return Result(check, "pass", subject, detail)
+def failed(check: str, subject: str, detail: str, fix: str) -> Check:
+    return Check(check, "fail", "node", subject, detail, fix)
 
 
-def failed(check: str, subject: str, detail: str, fix: str) -> Result:
-    return Result(check, "fail", subject, detail, fix)
-
-
-def skipped(check: str, subject: str, reason: str) -> Result:
-    return Result(check, "skip", subject, reason)
-
-
-def port_subject(rank: int, port: dict[str, Any]) -> str:
-    return f"r{rank} cage{port['cage']} {port['interface']}"
-
-
-def edge_subject(rank: int, port: dict[str, Any]) -> str:
-    """The cable as a person finds it: both ends by rank and cage."""
-    return f"r{rank} cage{port['cage']} <-> r{port['peer_rank']} cage{port['peer_cage']}"
+def skipped(check: str, subject: str, reason: str) -> Check:
+    return Check(check, "skip", "node", subject, reason)
 
 
 # ---- judgements: facts in, results out (pure; the unit tests drive these) ----
 
 
-def judge_hostname(rank: int, expected: str, actual: str) -> Result:
+def judge_hostname(rank: int, expected: str, actual: str) -> Check:
     subject = f"r{rank}"
     if actual == expected:
         return passed("PF-SSH", subject, f"ssh reached the node; hostname {actual}")
@@ -280,7 +249,7 @@ def judge_hostname(rank: int, expected: str, actual: str) -> Result:
 
 def judge_management(
     rank: int, management: dict[str, Any], link: Link, addresses: list[ipaddress.IPv4Interface]
-) -> Result:
+) -> Check:
     iface = management["interface"]
     want = ipaddress.IPv4Interface(f"{management['address']}/{management['prefix']}")
     subject = f"r{rank} {iface}"
@@ -295,99 +264,9 @@ def judge_management(
     return passed("PF-MGMT-ADDR", subject, f"{iface} up with {want}")
 
 
-def judge_link(rank: int, port: dict[str, Any], link: Link, mtu: int, speed_mbps: int | None) -> list[Result]:
-    """PF-LINK-UP, PF-LINK-MTU and PF-LINK-SPEED of one port."""
-    edge, iface = edge_subject(rank, port), port["interface"]
-    where = f"{iface} (edge {port['edge']})"
-    if not link.exists:
-        gone = f"{where} missing (see PF-LINK-UP)"
-        return [
-            failed(
-                "PF-LINK-UP",
-                edge,
-                f"interface {where} does not exist",
-                f"check the NIC in cage {port['cage']} and the interface name in ranks[{rank}].ring_ports",
-            ),
-            skipped("PF-LINK-MTU", edge, gone),
-            skipped("PF-LINK-SPEED", edge, gone),
-        ]
-    results = []
-    if link.up:
-        results.append(passed("PF-LINK-UP", edge, f"{where} up, carrier present"))
-    else:
-        results.append(
-            failed(
-                "PF-LINK-UP",
-                edge,
-                f"{where} is {link.operstate} (carrier {'on' if link.carrier else 'off'}); expected up",
-                f"seat the cable between r{rank} cage{port['cage']} and r{port['peer_rank']} "
-                f"cage{port['peer_cage']}, and bring {iface} up on both ends (`ip link set {iface} up`)",
-            )
-        )
-    if link.mtu == mtu:
-        results.append(passed("PF-LINK-MTU", edge, f"{where} MTU {link.mtu}"))
-    else:
-        results.append(
-            failed(
-                "PF-LINK-MTU",
-                edge,
-                f"{where} MTU {link.mtu}; expected {mtu}",
-                f"set MTU {mtu} on {iface} and on the peer port (`ip link set {iface} mtu {mtu}`, "
-                "and persist it in the node's network configuration)",
-            )
-        )
-    if speed_mbps is None:
-        results.append(skipped("PF-LINK-SPEED", edge, "link_speed_mbps is null in cluster.yml"))
-    elif link.speed_mbps is not None and link.speed_mbps >= speed_mbps:
-        results.append(passed("PF-LINK-SPEED", edge, f"{where} {link.speed_mbps} Mb/s"))
-    else:
-        measured = "unknown" if link.speed_mbps is None else f"{link.speed_mbps} Mb/s"
-        results.append(
-            failed(
-                "PF-LINK-SPEED",
-                edge,
-                f"{where} negotiated {measured}; expected at least {speed_mbps} Mb/s",
-                "reseat or replace the cable/transceiver; check `ethtool "
-                f"{iface}` on both ends for the advertised modes",
-            )
-        )
-    return results
-
-
-def judge_address(rank: int, port: dict[str, Any], addresses: list[ipaddress.IPv4Interface]) -> Result:
-    """PF-LINK-ADDR: exactly the inventory's address and prefix, nothing else."""
-    want = ipaddress.IPv4Interface(f"{port['address']}/{port['prefix']}")
-    found = ", ".join(map(str, addresses)) or "none"
-    edge = edge_subject(rank, port)
-    if addresses == [want]:
-        return passed("PF-LINK-ADDR", edge, f"{port['interface']} has {want}")
-    return failed(
-        "PF-LINK-ADDR",
-        edge,
-        f"IPv4 on {port['interface']} (edge {port['edge']}): {found}; expected exactly {want}",
-        f"give {port['interface']} exactly {want} (remove the others), or correct "
-        f"ranks[{rank}].ring_ports cage {port['cage']} in cluster.yml",
-    )
-
-
-def judge_jumbo(rank: int, port: dict[str, Any], mtu: int, result: PingResult) -> Result:
-    payload = jumbo_payload(mtu)
-    edge = edge_subject(rank, port)
-    probe = f"DF ping of {payload} B from {port['interface']} to {port['peer_address']}"
-    if result.answered:
-        return passed("PF-JUMBO-PING", edge, f"{probe}: {result.received}/{result.transmitted} replies")
-    return failed(
-        "PF-JUMBO-PING",
-        edge,
-        f"{probe}: {result.error}; expected a reply at MTU {mtu}",
-        f"MTU {mtu}, the address and the link must hold on both ends of edge {port['edge']}: "
-        f"see this edge's other PF-LINK-* results on r{rank} and r{port['peer_rank']}",
-    )
-
-
 def judge_non_neighbor(
     rank: int, peer: int, address: str, answered_on: list[str], route_dev: str | None
-) -> Result:
+) -> Check:
     subject = f"r{rank} -> r{peer} {address}"
     if not answered_on:
         return passed(
@@ -403,7 +282,7 @@ def judge_non_neighbor(
     )
 
 
-def judge_disk(path: str, measured_on: str, free_bytes: int, min_free_gib: float) -> Result:
+def judge_disk(path: str, measured_on: str, free_bytes: int, min_free_gib: float) -> Check:
     free_gib = free_bytes / GIB
     where = path if measured_on == path else f"{path} (measured on {measured_on})"
     if free_gib >= min_free_gib:
@@ -418,7 +297,7 @@ def judge_disk(path: str, measured_on: str, free_bytes: int, min_free_gib: float
 
 def judge_port_free(
     port: int, protocol: str, purpose: str, holders: list[str] | None, ours: list[str]
-) -> Result:
+) -> Check:
     """Free, or held only by this cluster's own containers (a re-run: launch replaces them)."""
     subject = f"{port}/{protocol}" + (f" ({purpose})" if purpose else "")
     if holders is None:
@@ -434,79 +313,50 @@ def judge_port_free(
     )
 
 
-def judge_rdma_port(
-    rank: int, port: dict[str, Any], fabric: str, devices: list[str], state: RdmaPort | None
-) -> Result:
-    """PF-RDMA-PORT: skip where RDMA is not expected; on verbs the port must be ACTIVE."""
-    edge = edge_subject(rank, port)
-    device, number = port.get("rdma_device"), port.get("rdma_port")
-    if fabric != "verbs":
-        return skipped("PF-RDMA-PORT", edge, f"fabric {fabric}: no RDMA device expected")
-    name = f"{device} port {number}"
-    fix = (
-        f"load the RDMA driver (mlx5_ib) and check `ibv_devinfo -d {device}`; the device names here "
-        f"are {', '.join(devices) or 'none'}: correct rdma.device of ranks[{rank}] cage {port['cage']}"
+def judge_nccl_gid(rank: int, port: dict[str, Any], twin: int, gid: Gid | None) -> Check:
+    """PF-NCCL-GID: the GID NCCL picks itself on a device it is given (NCCL_IB_GID_INDEX=-1, AF_INET,
+    RoCE v2; link_facts.nccl_auto_gid follows ncclIbGetGidIndex) is the one the design needs: the
+    port's IPv4-mapped RoCE v2 GID on the first twin, a link-local GID on another (which rides with
+    its cage in the switchless connector). docs/nccl.md, "Twins"."""
+    spec = port["twins"][twin]
+    subject, device = (
+        twin_subject(rank, port, twin),
+        f"{spec.get('rdma_device')} port {spec.get('rdma_port')}",
     )
-    if not device or number is None:
-        return failed("PF-RDMA-PORT", edge, "no rdma device/port in the inventory on a verbs fabric", fix)
-    if state is None or not state.exists:
-        return failed("PF-RDMA-PORT", edge, f"RDMA {name} does not exist on this node", fix)
-    if not state.active:
-        return failed(
-            "PF-RDMA-PORT",
-            edge,
-            f"RDMA {name} is {state.state} (physical {state.phys_state}); expected ACTIVE",
-            f"bring {port['interface']} up with its cable seated; `ibv_devinfo -d {device}` must show PORT_ACTIVE",
+    found = "no GID" if gid is None else f"index {gid.index} = {gid.gid} ({gid.type})"
+    if twin == 0:
+        want = ipv4_mapped_gid(port["address"])
+        if gid is not None and gid.gid == want and gid.type == "RoCE v2":
+            return Check("PF-NCCL-GID", "pass", "rdma", subject, f"NCCL picks {device} {found}")
+        return Check(
+            "PF-NCCL-GID",
+            "fail",
+            "rdma",
+            subject,
+            f"NCCL would pick {device} {found}; expected the RoCE v2 GID of {port['address']} ({want})",
+            f"give {spec['interface']} exactly {port['address']} (run the fabric stage): NCCL takes the first "
+            "RoCE v2 IPv4 GID of a device, and the connector finds the peer's cable by its /24",
         )
-    return passed("PF-RDMA-PORT", edge, f"RDMA {name} ACTIVE ({state.phys_state})")
-
-
-def judge_gid(
-    rank: int,
-    port: dict[str, Any],
-    fabric: str,
-    gid: Gid | None,
-    index: int | str | None,
-    table_length: int | None = None,
-) -> Result:
-    """PF-RDMA-GID: the GID at the index is RoCE v2, the port's IPv4-mapped address, on its netdev.
-
-    A fixed index must lie inside the port's GID table (its gid_tbl_len, where the node shows it).
-    """
-    edge = edge_subject(rank, port)
-    if fabric != "verbs":
-        return skipped("PF-RDMA-GID", edge, f"fabric {fabric}: no RoCE GID expected")
-    want = ipv4_mapped_gid(port["address"])
-    name = f"{port.get('rdma_device')} port {port.get('rdma_port')}"
-    fix = (
-        f"assign {port['address']} to {port['interface']} (the kernel then adds its RoCE v2 GID) and set "
-        f"gid_index of ranks[{rank}] cage {port['cage']} to auto or to the index `show_gids` lists"
+    if gid is not None and gid.gid in LINK_LOCAL:
+        return Check(
+            "PF-NCCL-GID",
+            "pass",
+            "rdma",
+            subject,
+            f"NCCL picks {device} {found} (link-local, rides with its cage)",
+        )
+    return Check(
+        "PF-NCCL-GID",
+        "fail",
+        "rdma",
+        subject,
+        f"NCCL would pick {device} {found}; expected a link-local GID (this twin carries no address)",
+        f"remove the IPv4 addresses of {spec['interface']} and bring it up with IPv6 link-local addressing "
+        "(run the fabric stage)",
     )
-    if index != "auto" and index is not None and table_length is not None and int(index) >= table_length:
-        return failed(
-            "PF-RDMA-GID",
-            edge,
-            f"{name}: gid_index {index} is past the end of its GID table (gid_tbl_len {table_length}): "
-            f"expected 0-{table_length - 1} or auto",
-            fix,
-        )
-    if gid is None:
-        where = "no RoCE v2 entry" if index == "auto" else f"index {index} is empty"
-        return failed("PF-RDMA-GID", edge, f"{name}: {where}; expected RoCE v2 GID {want}", fix)
-    problems = []
-    if gid.gid != want:
-        problems.append(f"GID {gid.gid} (expected {want})")
-    if gid.type != "RoCE v2":
-        problems.append(f"type {gid.type} (expected RoCE v2)")
-    if gid.netdev not in (None, port["interface"]):
-        problems.append(f"netdev {gid.netdev} (expected {port['interface']})")
-    if problems:
-        return failed("PF-RDMA-GID", edge, f"{name} GID index {gid.index}: " + "; ".join(problems), fix)
-    resolved = " (auto)" if index == "auto" else ""
-    return passed("PF-RDMA-GID", edge, f"{name} GID index {gid.index}{resolved} = {want}, RoCE v2")
 
 
-def judge_gpu(rank: int, require: bool, found: str | None, error: str | None) -> Result:
+def judge_gpu(rank: int, require: bool, found: str | None, error: str | None) -> Check:
     subject = f"r{rank}"
     if found:
         return passed("PF-GPU", subject, f"nvidia-smi sees: {found}")
@@ -647,7 +497,7 @@ class Preflight:
         except LinkFactError:
             return []
 
-    def results(self) -> list[Result]:
+    def results(self) -> list[Check]:
         out = [judge_hostname(self.rank, self.p["hostname"], socket.gethostname())]
         mgmt = self.p["management"]
         out.append(
@@ -666,36 +516,45 @@ class Preflight:
             out.append(judge_disk(item["path"], where, stat.f_bavail * stat.f_frsize, item["min_free_gib"]))
         out += self._free_ports()
         out.append(self._container_engine())
-        out += self._rdma()
         out.append(self._gpu())
         order = {check: index for index, check in enumerate(CHECK_IDS)}
         return sorted(out, key=lambda result: order[result.id])
 
-    def _ports(self) -> list[Result]:
+    def _ports(self) -> list[Check]:
+        """Every twin of every port by the shared rules, then the jumbo ping of each cable."""
         out = []
         for port in self.ports:
-            link = read_link(port["interface"], self.sysfs)
-            out += judge_link(self.rank, port, link, self.p["mtu"], self.p["link_speed_mbps"])
-            if link.exists:
-                out.append(judge_address(self.rank, port, self._addresses(port["interface"])))
-                reply = ping(
-                    self.run,
-                    port["peer_address"],
-                    interface=port["interface"],
-                    payload_bytes=jumbo_payload(self.p["mtu"]),
-                    dont_fragment=True,
-                    count=2,
-                    timeout_s=self.p["ping_timeout_s"],
-                    ping_bin=self.ping_bin,
+            for twin in range(len(port["twins"])):
+                facts = read_twin(port, twin, self.p["fabric"], self.run, self.ip_bin, self.sysfs)
+                out += twin_checks(
+                    "PF",
+                    self.rank,
+                    port,
+                    twin,
+                    facts,
+                    fabric=self.p["fabric"],
+                    mtu=self.p["mtu"],
+                    speed_mbps=self.p["link_speed_mbps"],
                 )
-                out.append(judge_jumbo(self.rank, port, self.p["mtu"], reply))
-            else:
-                gone = f"{port['interface']} missing (see PF-LINK-UP)"
-                out.append(skipped("PF-LINK-ADDR", edge_subject(self.rank, port), gone))
-                out.append(skipped("PF-JUMBO-PING", edge_subject(self.rank, port), gone))
+                if facts.gid is not None:
+                    self.gid_indices[port["twins"][twin]["interface"]] = facts.gid.index
+                out += self._nccl_gid(port, twin)
+                if twin == 0:
+                    reply = jumbo_reply(
+                        self.run, port, self.p["mtu"], self.p["ping_timeout_s"], self.ping_bin, facts.link
+                    )
+                    out.append(jumbo_check("PF", self.rank, port, self.p["mtu"], reply))
         return out
 
-    def _non_neighbors(self) -> list[Result]:
+    def _nccl_gid(self, port: dict[str, Any], twin: int) -> list[Check]:
+        """On verbs, the GID NCCL will pick on this twin's device (NCCL gets every twin)."""
+        spec = port["twins"][twin]
+        if self.p["fabric"] != "verbs" or not spec.get("rdma_device") or spec.get("rdma_port") is None:
+            return []
+        gid = nccl_auto_gid(spec["rdma_device"], spec["rdma_port"], self.sysfs)
+        return [judge_nccl_gid(self.rank, port, twin, gid)]
+
+    def _non_neighbors(self) -> list[Check]:
         neighbors = {self.rank} | {port["peer_rank"] for port in self.ports}
         others = {int(rank): addrs for rank, addrs in self.p["ring_addresses"].items()}
         others = {rank: addrs for rank, addrs in others.items() if rank not in neighbors}
@@ -732,7 +591,7 @@ class Preflight:
                 out.append(judge_non_neighbor(self.rank, rank, address, over, route and route.dev))
         return out
 
-    def _free_ports(self) -> list[Result]:
+    def _free_ports(self) -> list[Check]:
         listening = {proto: listening_sockets(proto) for proto in ("tcp", "udp")}
         out = []
         for item in self.p["free_ports"]:
@@ -752,7 +611,7 @@ class Preflight:
             out.append(judge_port_free(item["port"], item["protocol"], item["purpose"], holders, ours))
         return out
 
-    def _container_engine(self) -> Result:
+    def _container_engine(self) -> Check:
         host = self.p["docker_host"]
         try:
             version = docker_version(host)
@@ -765,27 +624,7 @@ class Preflight:
             )
         return passed("PF-CONTAINER-ENGINE", host, f"Docker {version} answers /_ping")
 
-    def _rdma(self) -> list[Result]:
-        fabric, devices = self.p["fabric"], rdma_devices(self.sysfs)
-        out = []
-        for port in self.ports:
-            device, number = port.get("rdma_device"), port.get("rdma_port")
-            usable = fabric == "verbs" and device and number is not None
-            state = read_rdma_port(device, number, self.sysfs) if usable else None
-            out.append(judge_rdma_port(self.rank, port, fabric, devices, state))
-            index = port.get("gid_index")
-            gid = None
-            table_length = gid_table_length(device, number, self.sysfs) if usable else None
-            if usable and index == "auto":
-                gid = find_roce_v2_gid(device, number, port["address"], self.sysfs)
-            elif usable and index is not None:
-                gid = read_gid(device, number, int(index), self.sysfs)
-            if gid is not None:
-                self.gid_indices[port["interface"]] = gid.index
-            out.append(judge_gid(self.rank, port, fabric, gid, index, table_length))
-        return out
-
-    def _gpu(self) -> Result:
+    def _gpu(self) -> Check:
         smi = self.which("nvidia-smi", False)
         if not smi:
             error = "nvidia-smi not found" if self.p["require_gpu"] else None
@@ -799,12 +638,9 @@ class Preflight:
 def _check_arguments(module: AnsibleModule) -> None:
     """Refuse what argument_spec cannot express, naming the field and the fix."""
     for port in module.params["ports"]:
-        index = port.get("gid_index")
-        if index is not None and index != "auto" and not str(index).isdigit():
-            module.fail_json(
-                msg=f"ports[cage {port['cage']}].gid_index: {index!r} is neither a number nor 'auto'; "
-                "fix gid_index in cluster.yml"
-            )
+        problems = port_argument_problems(port, module.params["fabric"])
+        if problems:
+            module.fail_json(msg="; ".join(problems))
     for item in module.params["disk"]:
         if not os.path.isabs(item["path"]):
             module.fail_json(msg=f"disk path {item['path']!r} is not absolute; give the full path")
@@ -828,28 +664,7 @@ def main() -> None:
                     "cidr": {"type": "str"},
                 },
             },
-            "ports": {
-                "type": "list",
-                "elements": "dict",
-                "required": True,
-                "options": {
-                    "cage": {"type": "int", "required": True},
-                    "interface": {"type": "str", "required": True},
-                    "edge": {"type": "str", "required": True},
-                    "address": {"type": "str", "required": True},
-                    "prefix": {"type": "int", "required": True},
-                    "cidr": {"type": "str"},
-                    "subnet": {"type": "str"},
-                    "peer_rank": {"type": "int", "required": True},
-                    "peer_host": {"type": "str"},
-                    "peer_address": {"type": "str", "required": True},
-                    "peer_interface": {"type": "str"},
-                    "peer_cage": {"type": "int", "required": True},
-                    "rdma_device": {"type": "str"},
-                    "rdma_port": {"type": "int"},
-                    "gid_index": {"type": "raw"},
-                },
-            },
+            "ports": {"type": "list", "elements": "dict", "required": True, "options": RING_PORT_OPTIONS},
             "ring_addresses": {"type": "dict", "default": {}},
             "disk": {
                 "type": "list",

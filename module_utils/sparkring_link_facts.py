@@ -327,6 +327,50 @@ def find_roce_v2_gid(device: str, port: int, address: str, sysfs: str = SYSFS) -
     return None
 
 
+LINK_LOCAL = ipaddress.IPv6Network("fe80::/64")
+
+
+def find_link_local_roce_v2_gid(device: str, port: int, sysfs: str = SYSFS) -> Gid | None:
+    """Resolve GID index "auto" of a twin without an address: its first link-local RoCE v2 GID."""
+    for gid in read_gids(device, port, sysfs):
+        if gid.gid in LINK_LOCAL and gid.type == "RoCE v2":
+            return gid
+    return None
+
+
+def nccl_auto_gid(device: str, port: int, sysfs: str = SYSFS) -> Gid | None:
+    """The GID NCCL's NET/IB picks on a RoCE port when NCCL_IB_GID_INDEX is unset.
+
+    ncclIbGetGidIndex (src/transport/net_ib/connect.cc, 2.29.7 and 2.30.7) with its defaults
+    (NCCL_IB_ADDR_FAMILY=AF_INET, NCCL_IB_ROCE_VERSION_NUM=2, no NCCL_IB_ADDR_RANGE) starts at
+    index 0 and walks the table: an IPv4-mapped GID replaces one of the other family, and a
+    routable (not link-local) IPv4 GID of RoCE v2 replaces one of another version. On a port
+    without an IPv4 address nothing replaces index 0: NCCL uses it as it stands.
+    """
+    table = {gid.index: gid for gid in read_gids(device, port, sysfs)}
+    length = gid_table_length(device, port, sysfs) or 0
+
+    def v4(gid: Gid | None) -> bool:
+        return gid is not None and gid.gid.ipv4_mapped is not None
+
+    def routable(gid: Gid | None) -> bool:
+        return gid is not None and gid.gid not in LINK_LOCAL
+
+    def replaces(current: Gid | None, candidate: Gid | None) -> bool:
+        if candidate is None or not v4(candidate):
+            return False
+        if not v4(current):
+            return True  # the user's family over another
+        improves = current is None or current.type != "RoCE v2" or not routable(current)
+        return routable(candidate) and candidate.type == "RoCE v2" and improves
+
+    chosen = 0
+    for index in range(1, length):
+        if replaces(table.get(chosen), table.get(index)):
+            chosen = index
+    return table.get(chosen)
+
+
 # ---- added for cable qualification (library/sparkring_cable.py) ----
 
 # Error counters compared before and after the traffic of a qualification: CRC and frame

@@ -6,8 +6,8 @@ ring rank (one vLLM rank per node, as ``--nnodes N`` launches it). The ring itse
 from the environment the launch renders:
 
 * ``SPARKRING_RING_SPEC``: a JSON file ``{"rank", "world", "ports": [{cage, address,
-  peer_rank, peer_address, rdma_device?, rdma_port?, gid_index?}]}`` (the overlay role
-  writes it from the inventory), or
+  peer_rank, peer_address, twins: [{rdma_device, rdma_port, gid_index}, ...]}]}`` (the overlay
+  role writes it from the inventory; on verbs the fabric stripes over each port's twins), or
 * ``SPARKRING_RING_PREFIX``: the inventory's cable geometry on ``<prefix>.<cable>.0/24``
   (``198.19`` in the sim, ``127.77`` on loopback), rank taken from the group.
 

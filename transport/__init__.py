@@ -14,7 +14,7 @@ from transport.errors import (
     RendezvousError,
     TransportError,
 )
-from transport.topology import Port, RingSpec
+from transport.topology import Port, RingSpec, Twin
 
 __all__ = [
     "Communicator",
@@ -26,4 +26,5 @@ __all__ = [
     "RendezvousError",
     "RingSpec",
     "TransportError",
+    "Twin",
 ]

@@ -34,10 +34,13 @@ class TcpFabric:
         self.transfer_lanes = self.lib.sr_transfer_lanes
         self.abort_peer = self.lib.sr_peer_abort  # a failed command ring closes its links with it
 
-    def record(self, spec: RingSpec, port: Port, direction: str) -> EndpointRecord:
-        return EndpointRecord(
-            "tcp", spec.rank, port.peer_rank, spec.world, port.cage, self.slot_bytes, self.window
-        )
+    def record(self, spec: RingSpec, port: Port, direction: str) -> list[EndpointRecord]:
+        """One record per edge: tcp runs on the port's address, its first twin."""
+        return [
+            EndpointRecord(
+                "tcp", spec.rank, port.peer_rank, spec.world, port.cage, self.slot_bytes, self.window
+            )
+        ]
 
     def open(self, spec: RingSpec, edges: list[Edge]) -> dict[int, Link]:
         links = {}

@@ -32,6 +32,7 @@ import json
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ from transport import reference, schedule
 from transport.buffers import BF16, F16, F32
 from transport.comm import DEFAULT_TCP_PORT, Communicator, lse_combine_local
 from transport.errors import TransportError
-from transport.topology import Port, RingSpec, cable_geometry
+from transport.topology import Port, RingSpec, cable_geometry, from_hostvars
 
 SCHEMA = "sparkring.transport.probe/1"
 DTYPES = {"float32": (np.float32, F32), "float16": (np.float16, F16), "bfloat16": (np.uint16, BF16)}
@@ -177,11 +178,17 @@ def _expected(collective: str, inputs: list[np.ndarray], code: int, lses: list[n
     return reference.f32_to_bf16(combined) if code == BF16 else combined.astype(inputs[0].dtype)
 
 
-def burn(comm: Communicator, collective: str, dtype: str, size: int, iters: int) -> dict[str, Any]:
-    """``iters`` calls of one collective, each result compared byte for byte."""
+def burn(
+    comm: Communicator, collective: str, dtype: str, size: int, iters: int, flip: bool = False
+) -> dict[str, Any]:
+    """``iters`` calls of one collective, each result compared byte for byte.
+
+    ``flip`` is the gate's test hook: one byte of the first result is flipped before the
+    comparison, as a corrupted transfer would leave it.
+    """
     code = DTYPES[dtype][1]
     cases = []
-    for v in range(VARIANTS):
+    for v in range(min(VARIANTS, iters)):
         inputs = _inputs(collective, dtype, size, comm.world, v)
         lses = [np.random.default_rng(v * 31 + r).standard_normal(x.shape[:-1]).astype(np.float32) * 4
                 for r, x in enumerate(inputs)]  # fmt: skip
@@ -190,17 +197,37 @@ def burn(comm: Communicator, collective: str, dtype: str, size: int, iters: int)
     call = getattr(comm, collective)
     times, mismatches = np.empty(iters, dtype=np.int64), 0
     for i in range(iters):
-        x, lse, want = cases[i % VARIANTS]
+        x, lse, want = cases[i % len(cases)]
         t0 = time.perf_counter_ns()
         got = call(x, lse)[0] if collective == "lse_combine" else call(x)
         times[i] = time.perf_counter_ns() - t0
-        mismatches += int(not np.array_equal(_as_bytes(got), want))
+        result = _as_bytes(got)
+        if flip and i == 0:
+            result = result.copy()
+            result[result.size // 2] ^= 0x01
+        mismatches += int(not np.array_equal(result, want))
     return {"collective": collective, "dtype": dtype, "size_bytes": size, "iterations": iters,
             "mismatches": mismatches, **{k + "_us": v for k, v in _percentiles(times).items()}}  # fmt: skip
 
 
+def burn_sizes(sizes: str, iters: str) -> list[tuple[int, int]]:
+    """(payload bytes, calls) per burn size: ``--burn-iters`` is one count or one per size."""
+    try:
+        size_list = [int(size) for size in sizes.split(",")]
+        iter_list = [int(n) for n in iters.split(",")]
+    except ValueError:
+        raise SystemExit(
+            f"--burn-size {sizes!r} / --burn-iters {iters!r}: expected comma lists of integers"
+        ) from None
+    if len(iter_list) == 1:
+        iter_list *= len(size_list)
+    if len(iter_list) != len(size_list) or min(size_list + iter_list) < 1:
+        raise SystemExit(f"--burn-iters {iters!r}: one count >= 1, or one per --burn-size ({sizes})")
+    return list(zip(size_list, iter_list, strict=True))
+
+
 def parse_port(text: str) -> Port:
-    """``CAGE,ADDRESS,PEER_RANK,PEER_ADDRESS``."""
+    """``CAGE,ADDRESS,PEER_RANK,PEER_ADDRESS`` (tcp: no RDMA devices; verbs takes --ring-spec)."""
     try:
         cage, address, peer_rank, peer_address = text.split(",")
         return Port(int(cage), address, int(peer_rank), peer_address)
@@ -210,30 +237,59 @@ def parse_port(text: str) -> Port:
         ) from exc
 
 
+def read_ring_spec(source: str) -> RingSpec:
+    """A ring spec file (``-``: stdin): ``{rank, world, ports}`` with the inventory's port records.
+
+    It is the overlay role's ring.json, or what a caller builds from the inventory's hostvars:
+    each port names its twins' RDMA devices (``twins: [{rdma_device, rdma_port, gid_index}]``).
+    """
+    text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    try:
+        doc = json.loads(text)
+        return from_hostvars(
+            {
+                "sparkring_rank": doc["rank"],
+                "sparkring_world_size": doc["world"],
+                "sparkring_ports": doc["ports"],
+            }
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--ring-spec {source}: not a ring spec ({{rank, world, ports}}): {exc}") from None
+
+
 def ring_spec(args: argparse.Namespace) -> RingSpec:
-    """The rank's ports from --ring-prefix, --address/--peer-address (pairs) or --port."""
-    gid = int(args.gid_index) if args.gid_index != "auto" else "auto"
+    """The rank's ports from --ring-spec (devices per port), --ring-prefix, --address or --port."""
+    if args.ring_spec:
+        spec = read_ring_spec(args.ring_spec)
+        for name in ("rank", "world"):
+            given = getattr(args, name)
+            if given is not None and given != getattr(spec, name):
+                raise SystemExit(f"--{name} {given} contradicts --ring-spec ({name} {getattr(spec, name)})")
+        return spec
+    if args.rank is None or args.world is None:
+        raise SystemExit("give --rank and --world (or a --ring-spec that holds them)")
     if args.ring_prefix:
-        spec = cable_geometry(args.rank, args.world, args.ring_prefix)
-        ports = spec.ports
-    elif args.address:
+        return cable_geometry(args.rank, args.world, args.ring_prefix)
+    if args.address:
         if args.world != 2 or not args.peer_address:
             raise SystemExit("--address/--peer-address describe a pair: use --world 2 (or --port per cable)")
-        ports = (Port(0, args.address, args.rank ^ 1, args.peer_address),)
-    elif args.port:
-        ports = tuple(args.port)
-    else:
-        raise SystemExit("give the ports: --ring-prefix, --address with --peer-address, or --port ...")
-    ports = tuple(
-        Port(p.cage, p.address, p.peer_rank, p.peer_address, args.device, args.rdma_port, gid) for p in ports
+        return RingSpec(args.rank, 2, (Port(0, args.address, args.rank ^ 1, args.peer_address),))
+    if args.port:
+        return RingSpec(args.rank, args.world, tuple(args.port))
+    raise SystemExit(
+        "give the ports: --ring-spec, --ring-prefix, --address with --peer-address, or --port ..."
     )
-    return RingSpec(args.rank, args.world, ports)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fabric", choices=("tcp", "verbs"), default="tcp")
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--rank", type=int, help="this rank (given by --ring-spec otherwise)")
+    p.add_argument("--world", type=int, help="the ring's size (given by --ring-spec otherwise)")
+    p.add_argument(
+        "--ring-spec",
+        help="JSON file ({rank, world, ports}, the overlay's ring.json; - reads stdin): the ports and, "
+        "for verbs, each port's twin RDMA devices",
+    )
     p.add_argument(
         "--ring-prefix", help="inventory cable geometry in PREFIX.i.0/24 (e.g. 198.19 on the sim ring)"
     )
@@ -241,11 +297,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peer-address", help="the peer's address on the cable (pairs)")
     p.add_argument(
         "--port", type=parse_port, action="append", help="CAGE,ADDRESS,PEER_RANK,PEER_ADDRESS (repeat)"
-    )
-    p.add_argument("--device", help="verbs: RDMA device (e.g. rxe0, rocep1s0f0)")
-    p.add_argument("--rdma-port", type=int, default=1, help="verbs: device port number")
-    p.add_argument(
-        "--gid-index", default="auto", help="verbs: RoCE v2 GID index, or auto (the IPv4-mapped GID)"
     )
     p.add_argument("--tcp-port", type=int, default=DEFAULT_TCP_PORT, help="rendezvous (and tcp data) port")
     p.add_argument("--timeout", type=float, default=30.0, help="bound on every collective, seconds")
@@ -259,8 +310,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-links", action="store_true", help="only the burns")
     p.add_argument("--burn", default="all_reduce", help=f"comma list of {','.join(COLLECTIVES)}, or none")
     p.add_argument("--burn-dtype", default="float32", help="comma list of float32,float16,bfloat16")
-    p.add_argument("--burn-size", type=int, default=16384, help="payload bytes per rank")
-    p.add_argument("--burn-iters", type=int, default=1000)
+    p.add_argument("--burn-size", default="16384", help="comma list of payload bytes per rank")
+    p.add_argument(
+        "--burn-iters",
+        default="1000",
+        help="calls per burn: one number, or a comma list matching --burn-size",
+    )
+    p.add_argument(
+        "--test-flip-result",
+        action="store_true",
+        help="test hook: flip one byte of each burn's first result before comparing (the gate must fail)",
+    )
     p.add_argument("--output", help="write the JSON here too (it always goes to stdout)")
 
 
@@ -276,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
                            "links": [], "burns": [], "stats": {}}  # fmt: skip
     try:
         spec = ring_spec(args)
+        doc["rank"], doc["world"] = spec.rank, spec.world
         with Communicator(spec, fabric=args.fabric, tcp_port=args.tcp_port, timeout_s=args.timeout,
                           setup_timeout_s=args.setup_timeout, slot_bytes=args.slot_bytes,
                           window=args.window) as comm:  # fmt: skip
@@ -286,8 +347,11 @@ def run(args: argparse.Namespace) -> int:
             for collective in [c for c in args.burn.split(",") if c and c != "none"]:
                 if collective not in COLLECTIVES:
                     raise SystemExit(f"--burn {collective!r}: choose from {', '.join(COLLECTIVES)}")
-                for dtype in args.burn_dtype.split(","):
-                    doc["burns"].append(burn(comm, collective, dtype, args.burn_size, args.burn_iters))
+                for size, iters in burn_sizes(args.burn_size, args.burn_iters):
+                    for dtype in args.burn_dtype.split(","):
+                        doc["burns"].append(
+                            burn(comm, collective, dtype, size, iters, flip=args.test_flip_result)
+                        )
             doc["stats"] = {str(k): v for k, v in comm.stats().items()}
         bad = [link for link in doc["links"] if _link_mismatches(link)] + [
             b for b in doc["burns"] if b["mismatches"]
@@ -304,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
         with open(args.output, "w") as fh:
             fh.write(text + "\n")
     if doc["error"]:
-        print(f"probe failed on rank {args.rank}: {doc['error']}", file=sys.stderr)
+        print(f"probe failed on rank {doc['rank']}: {doc['error']}", file=sys.stderr)
     return 0 if doc["ok"] else 1
 
 

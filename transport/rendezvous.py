@@ -2,14 +2,16 @@
 
 Each rank listens on every port address and dials every neighbour from that port's
 address, so setup traffic takes the same cable as the data. On each directed edge the
-dialer (the sender of the data) sends its record and the listener (the receiver) answers
-with its own. A record is versioned and checksummed; any mismatch (wrong rank, world,
-fabric, window, slot size, version, a connection from the wrong address) is a
-RendezvousError naming the peer, and the peer sees the channel close.
+dialer (the sender of the data) sends its records and the listener (the receiver) answers
+with its own: one record per twin of the port (a Spark cage is two RDMA functions and the
+verbs fabric stripes over both; tcp sends one). A record is versioned and checksummed; any
+mismatch (wrong rank, world, fabric, window, slot size, twin count, version, a connection
+from the wrong address) is a RendezvousError naming the peer, and the peer sees the channel
+close.
 
-Record layout (little-endian, 88 bytes): magic "SRE1", version u16, fabric u8, flags u8,
-src_rank u16, dst_rank u16, world u16, cage u16, qpn u32, psn u32, rkey u32, addr u64,
-size u64, slot_bytes u32, window u32, gid 16 B, crc32 u32 of the rest.
+Record layout (little-endian, 89 bytes): magic "SRE1", version u16, fabric u8, twin u8,
+twins u8, src_rank u16, dst_rank u16, world u16, cage u16, qpn u32, psn u32, rkey u32,
+addr u64, size u64, slot_bytes u32, window u32, gid 16 B, crc32 u32 of the rest.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from transport.errors import RendezvousError
 from transport.topology import Port, RingSpec
 
 MAGIC = b"SRE1"
-VERSION = 1
+VERSION = 2  # 2: one record per twin (twin, twins)
 FABRICS = {"tcp": 0, "verbs": 1}
-_BODY = struct.Struct("<4sHBBHHHHIIIQQII16s")
+_BODY = struct.Struct("<4sHBBBHHHHIIIQQII16s")
 RECORD_BYTES = _BODY.size + 4
 
 
@@ -49,12 +51,15 @@ class EndpointRecord:
     addr: int = 0
     size: int = 0
     gid: bytes = bytes(16)
+    twin: int = 0
+    twins: int = 1
     version: int = VERSION
 
     def pack(self) -> bytes:
         body = _BODY.pack(
-            MAGIC, self.version, FABRICS[self.fabric], 0, self.src_rank, self.dst_rank, self.world, self.cage,
-            self.qpn, self.psn, self.rkey, self.addr, self.size, self.slot_bytes, self.window, self.gid,
+            MAGIC, self.version, FABRICS[self.fabric], self.twin, self.twins, self.src_rank, self.dst_rank,
+            self.world, self.cage, self.qpn, self.psn, self.rkey, self.addr, self.size, self.slot_bytes,
+            self.window, self.gid,
         )  # fmt: skip
         return body + struct.pack("<I", zlib.crc32(body))
 
@@ -63,7 +68,7 @@ class EndpointRecord:
         if len(data) != RECORD_BYTES:
             raise RendezvousError(f"{peer}: endpoint record of {len(data)} bytes, expected {RECORD_BYTES}")
         body, (crc,) = data[:-4], struct.unpack("<I", data[-4:])
-        magic, version, fabric, _flags, *rest = _BODY.unpack(body)
+        magic, version, fabric, twin, twins, *rest = _BODY.unpack(body)
         if magic != MAGIC:
             raise RendezvousError(
                 f"{peer}: not a SparkRing endpoint (magic {magic!r}); is another service on the port?"
@@ -79,13 +84,28 @@ class EndpointRecord:
             raise RendezvousError(f"{peer}: unknown fabric code {fabric}")
         src, dst, world, cage, qpn, psn, rkey, addr, size, slot, window, gid = rest
         return cls(
-            names[fabric], src, dst, world, cage, slot, window, qpn, psn, rkey, addr, size, gid, version
+            names[fabric],
+            src,
+            dst,
+            world,
+            cage,
+            slot,
+            window,
+            qpn,
+            psn,
+            rkey,
+            addr,
+            size,
+            gid,
+            twin,
+            twins,
+            version,
         )
 
 
 def check_record(got: EndpointRecord, want: EndpointRecord, peer: str) -> None:
     """Refuse a peer record that disagrees with what this rank expects of it."""
-    for field in ("fabric", "src_rank", "dst_rank", "world", "cage", "slot_bytes", "window"):
+    for field in ("fabric", "src_rank", "dst_rank", "world", "cage", "slot_bytes", "window", "twins", "twin"):
         if getattr(got, field) != getattr(want, field):
             raise RendezvousError(
                 f"{peer}: endpoint record {field}={getattr(got, field)!r}, expected {getattr(want, field)!r}; "
@@ -96,12 +116,15 @@ def check_record(got: EndpointRecord, want: EndpointRecord, peer: str) -> None:
 
 @dataclass
 class Edge:
-    """One directed edge after rendezvous: ``tx`` (we send data) or ``rx`` (we receive)."""
+    """One directed edge after rendezvous: ``tx`` (we send data) or ``rx`` (we receive).
+
+    ``peer_records`` holds the peer's record of each twin, in twin order.
+    """
 
     port: Port
     direction: str
     sock: socket.socket
-    peer_record: EndpointRecord
+    peer_records: list[EndpointRecord]
 
 
 def _recv_exact(sock: socket.socket, n: int, peer: str) -> bytes:
@@ -143,12 +166,13 @@ def rendezvous(
     spec: RingSpec,
     tcp_port: int,
     timeout_s: float,
-    local_record: Callable[[Port, str], EndpointRecord],
+    local_records: Callable[[Port, str], list[EndpointRecord]],
 ) -> list[Edge]:
     """Connect both directed edges of every port and exchange endpoint records.
 
-    ``local_record(port, direction)`` gives this rank's record for an edge; the peer's
-    record must equal it with src/dst swapped in the checked fields.
+    ``local_records(port, direction)`` gives this rank's records for an edge, one per twin;
+    each record of the peer must equal ours of its twin with src/dst swapped in the checked
+    fields.
     """
     deadline = time.monotonic() + timeout_s
     listeners: dict[int, socket.socket] = {}
@@ -173,7 +197,7 @@ def rendezvous(
         for port in spec.ports:
             peer = f"rank {port.peer_rank} at {port.peer_address}"
             sock = _dial(port, tcp_port, deadline, peer)
-            sock.sendall(local_record(port, "tx").pack())
+            sock.sendall(b"".join(record.pack() for record in local_records(port, "tx")))
             dialed.append((port, sock, peer))
         for port in spec.ports:
             peer = f"rank {port.peer_rank} at {port.peer_address}"
@@ -190,16 +214,13 @@ def rendezvous(
                     break
                 sock.close()  # only the cable's other end may connect here
             sock.settimeout(max(0.01, deadline - time.monotonic()))
-            mine = local_record(port, "rx")
-            got = EndpointRecord.unpack(_recv_exact(sock, RECORD_BYTES, peer), peer)
-            check_record(got, _as_peer(mine), peer)
-            sock.sendall(mine.pack())
+            mine = local_records(port, "rx")
+            got = _receive_records(sock, mine, peer)
+            sock.sendall(b"".join(record.pack() for record in mine))
             edges.append(Edge(port, "rx", sock, got))
         for port, sock, peer in dialed:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
-            got = EndpointRecord.unpack(_recv_exact(sock, RECORD_BYTES, peer), peer)
-            check_record(got, _as_peer(local_record(port, "tx")), peer)
-            edges.append(Edge(port, "tx", sock, got))
+            edges.append(Edge(port, "tx", sock, _receive_records(sock, local_records(port, "tx"), peer)))
     except BaseException:
         for edge in edges:
             edge.sock.close()
@@ -210,6 +231,17 @@ def rendezvous(
         for lsock in listeners.values():
             lsock.close()
     return edges
+
+
+def _receive_records(sock: socket.socket, mine: list[EndpointRecord], peer: str) -> list[EndpointRecord]:
+    """The peer's record of each of our twins, each checked as it arrives (a twin count that
+    differs fails on the first record, before waiting for more)."""
+    got = []
+    for record in mine:
+        theirs = EndpointRecord.unpack(_recv_exact(sock, RECORD_BYTES, peer), peer)
+        check_record(theirs, _as_peer(record), peer)
+        got.append(theirs)
+    return got
 
 
 def _as_peer(mine: EndpointRecord) -> EndpointRecord:

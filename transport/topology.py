@@ -3,6 +3,11 @@
 A rank has one port per ring cable (two on a ring of four or more, one on a pair). The ring's
 shape is `transport.geometry`'s; `cable_geometry` adds the addressing of the sim and loopback
 rings: cable i in its own /24, rank i on .1 and rank (i + 1) % N on .2.
+
+A port is one cage. On the verbs fabric it has one RDMA device per twin (a Spark cage is two
+x4 functions of ~100 Gb/s each, and only both together carry the cable's rate): the first twin
+carries the port address and its IPv4-mapped RoCE v2 GID, the second RDMA over its link-local
+RoCE v2 GID. Twin t talks to twin t of the peer's port.
 """
 
 from __future__ import annotations
@@ -14,16 +19,23 @@ from transport.geometry import cable_cage, neighbours, ring_cables, world_size_p
 
 
 @dataclass(frozen=True)
+class Twin:
+    """One RDMA function of a cage: device, device port and the GID index to use ("auto" finds it)."""
+
+    rdma_device: str
+    rdma_port: int = 1
+    gid_index: int | str = "auto"
+
+
+@dataclass(frozen=True)
 class Port:
-    """One end of a ring cable."""
+    """One end of a ring cable; ``twins`` are its RDMA functions (verbs), the first carries ``address``."""
 
     cage: int
     address: str
     peer_rank: int
     peer_address: str
-    rdma_device: str | None = None
-    rdma_port: int = 1
-    gid_index: int | str = "auto"
+    twins: tuple[Twin, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,16 +100,25 @@ def cable_geometry(rank: int, world: int, prefix: str) -> RingSpec:
 
 
 def from_hostvars(hostvars: dict) -> RingSpec:
-    """A RingSpec from the inventory plugin's hostvars (sparkring_rank, _world_size, _ports)."""
+    """A RingSpec from the inventory plugin's hostvars (sparkring_rank, _world_size, _ports).
+
+    The overlay role's ring.json holds the same port records, so the overlay reads it here too.
+    """
     ports = tuple(
         Port(
             cage=int(p["cage"]),
             address=str(p["address"]),
             peer_rank=int(p["peer_rank"]),
             peer_address=str(p["peer_address"]),
-            rdma_device=p.get("rdma_device"),
-            rdma_port=int(p.get("rdma_port") or 1),
-            gid_index=p.get("gid_index") if p.get("gid_index") is not None else "auto",
+            twins=tuple(
+                Twin(
+                    str(t["rdma_device"]),
+                    int(t.get("rdma_port") or 1),
+                    t["gid_index"] if t.get("gid_index") is not None else "auto",
+                )
+                for t in p.get("twins") or ()
+                if t.get("rdma_device")
+            ),
         )
         for p in hostvars["sparkring_ports"]
     )

@@ -206,6 +206,12 @@ def libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     eng.sr_vpeer_free.restype = None
     eng.sr_vpeer_stats.argtypes = [vp, ctypes.POINTER(c_u64 * 6)]
     eng.sr_vpeer_stats.restype = None
+    eng.sr_vlink_new.argtypes = [ctypes.POINTER(vp), c_int]
+    eng.sr_vlink_new.restype = vp
+    eng.sr_vlink_free.argtypes = [vp, c_int]
+    eng.sr_vlink_free.restype = None
+    eng.sr_vlink_stats.argtypes = [vp, ctypes.POINTER(c_u64 * 6)]
+    eng.sr_vlink_stats.restype = None
     return ib, eng
 
 
@@ -233,6 +239,9 @@ def list_devices() -> list[str]:
     if not names:
         raise NoRdmaError("no RDMA on this node: no RDMA devices found (is the driver or rdma_rxe loaded?)")
     return names
+
+
+LINK_LOCAL_PREFIX = bytes.fromhex("fe80000000000000")  # the fe80::/64 of a link-local GID
 
 
 def ipv4_mapped_gid(address: str) -> bytes:
@@ -311,6 +320,22 @@ class Device:
         raise TransportError(
             f"{self.name} port {self.port}: {where} is not the RoCE v2 GID of {address}; "
             f"is {address} configured on the interface of {self.name}? (see `show_gids` / `rdma link`)"
+        )
+
+    def resolve_link_local_gid_index(self, wanted: int | str) -> tuple[int, bytes]:
+        """A twin without an address: ``auto`` is its first link-local (fe80::/64) RoCE v2 GID."""
+        indexes = range(self.port_attr.gid_tbl_len) if wanted == "auto" else [int(wanted)]
+        for index in indexes:
+            try:
+                gid = self.gid(index)
+            except TransportError:
+                continue
+            if gid[:8] == LINK_LOCAL_PREFIX and self.gid_type(index) in ("RoCE v2", "unknown"):
+                return index, gid
+        where = "any GID index" if wanted == "auto" else f"GID index {wanted}"
+        raise TransportError(
+            f"{self.name} port {self.port}: {where} is not a link-local RoCE v2 GID; is the interface of "
+            f"{self.name} up with IPv6 link-local addressing? (see `show_gids` / `rdma link`)"
         )
 
     @property

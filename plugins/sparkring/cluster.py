@@ -33,7 +33,12 @@ from transport.geometry import cable_between, cable_cage, ring_cables, world_siz
 from transport.integrity import is_secret_name
 
 PLUGIN_NAME = "sparkring_cluster"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# What changed at each version, for the error a file of an older version gets.
+_VERSION_NOTES = {
+    1: "version 2 describes each ring port's twins (a Spark cage is two netdev/RDMA functions): "
+    "move the port's interface and rdma into twins: [{interface, rdma}, {interface, rdma}] and set version: 2",
+}
 RING_MTU = 9000
 RING_PREFIX = 24
 # A RoCE port's GID table has at most 256 entries (the node reports its own gid_tbl_len).
@@ -272,17 +277,38 @@ class Edge(_Strict):
 
 
 class Rdma(_Strict):
-    device: RdmaDevice = Field(description="the RDMA device of this port, such as rocep1s0f0")
+    device: RdmaDevice = Field(description="the twin's RDMA device, such as rocep1s0f0")
     port: Annotated[int, Field(ge=1, le=255)] = Field(description="the RDMA device port (>= 1)")
-    gid_index: GidIndex = Field(description='the RoCE v2 GID index (0-255) or "auto"')
+    gid_index: GidIndex = Field(
+        description='the index (0-255) of the twin\'s RoCE v2 GID, or "auto": on the first twin the '
+        "IPv4-mapped GID of the port address, on the second its link-local GID"
+    )
+
+
+class Twin(_Strict):
+    """One of a cage's functions: a netdev and its RDMA device (GB10 gives each x4 link one)."""
+
+    interface: Interface = Field(description="the twin's network interface")
+    rdma: Rdma | None = Field(None, description="the twin's RDMA device: {device, port, gid_index}")
 
 
 class RingPort(_Strict):
+    """One cage: the cable's end, its address, and the twins that share the cage's link."""
+
     cage: Annotated[int, Field(ge=0, le=1)] = Field(description="the QSFP cage of this port, 0 or 1")
-    interface: Interface = Field(description="the port's network interface")
     edge: Name = Field(description="the id of the edge (cable) this port is plugged into")
-    address: Ipv4 = Field(description="the port's IPv4 address inside its edge's subnet")
-    rdma: Rdma | None = Field(None, description="the port's RDMA device: {device, port, gid_index}")
+    address: Ipv4 = Field(
+        description="the port's IPv4 address inside its edge's subnet, carried by its first twin"
+    )
+    twins: Annotated[list[Twin], Field(min_length=1, max_length=2)] = Field(
+        description="the cage's functions, [{interface, rdma}, ...]: two on a Spark; the first carries "
+        "the address and its RoCE v2 GID, the second moves RDMA traffic over its link-local GID"
+    )
+
+    @property
+    def interface(self) -> str:
+        """The interface that carries the port's address (its first twin)."""
+        return self.twins[0].interface
 
 
 class Management(_Strict):
@@ -317,7 +343,8 @@ class Cluster(_Strict):
     @classmethod
     def _known_version(cls, version: int) -> int:
         if version != SCHEMA_VERSION:
-            raise _invalid(f"expected {SCHEMA_VERSION}, got {version}")
+            note = _VERSION_NOTES.get(version)
+            raise _invalid(f"expected {SCHEMA_VERSION}, got {version}" + (f": {note}" if note else ""))
         return version
 
     @model_validator(mode="after")
@@ -336,6 +363,10 @@ class Cluster(_Strict):
 
 def _port_path(rank_index: int, port_index: int, field: str) -> str:
     return f"ranks[{rank_index}].ring_ports[{port_index}].{field}"
+
+
+def _twin_path(rank_index: int, port_index: int, twin_index: int, field: str) -> str:
+    return _port_path(rank_index, port_index, f"twins[{twin_index}].{field}")
 
 
 def ring_problems(c: Cluster) -> list[Problem]:
@@ -440,32 +471,35 @@ def _port_problems(c: Cluster) -> list[Problem]:
                 )
             else:
                 problems += _address_in_edge(_port_path(i, p, "address"), port.address, edge)
-            if c.cluster.fabric == "verbs" and port.rdma is None:
-                problems.append(
+            if c.cluster.fabric == "verbs":
+                problems += [
                     Problem(
-                        _port_path(i, p, "rdma"),
+                        _twin_path(i, p, t, "rdma"),
                         "required when cluster.fabric is verbs: {device, port, gid_index}",
                     )
-                )
+                    for t, twin in enumerate(port.twins)
+                    if twin.rdma is None
+                ]
         for field, why in (("edge", "sit on different cables"), ("cage", "sit in different cages (0 and 1)")):
             items = [(_port_path(i, p, field), getattr(port, field)) for p, port in enumerate(ports)]
             problems += [
                 Problem(path, f"same as {first}: a rank's two ports {why}")
                 for path, first in _duplicates(items)
             ]
+        twins = [(p, t, twin) for p, port in enumerate(ports) for t, twin in enumerate(port.twins)]
         interfaces = [(f"ranks[{i}].management.interface", r.management.interface)]
-        interfaces += [(_port_path(i, p, "interface"), port.interface) for p, port in enumerate(ports)]
+        interfaces += [(_twin_path(i, p, t, "interface"), twin.interface) for p, t, twin in twins]
         problems += [
-            Problem(path, f"also {first}: every port of a rank has its own interface")
+            Problem(path, f"also {first}: every twin of every port of a rank has its own interface")
             for path, first in _duplicates(interfaces)
         ]
         devices = [
-            (_port_path(i, p, "rdma"), (port.rdma.device, port.rdma.port))
-            for p, port in enumerate(ports)
-            if port.rdma
+            (_twin_path(i, p, t, "rdma"), (twin.rdma.device, twin.rdma.port))
+            for p, t, twin in twins
+            if twin.rdma
         ]
         problems += [
-            Problem(path, f"the same RDMA device and port as {first}: every ring port has its own")
+            Problem(path, f"the same RDMA device and port as {first}: every twin has its own")
             for path, first in _duplicates(devices)
         ]
     return problems
@@ -558,6 +592,7 @@ def _cable_problems(c: Cluster) -> list[Problem]:
         else:
             cable_edges[cable] = edge.id
             problems += _cage_problems(c, edge.id, cable, ((a, pa), (b, pb)))
+            problems += _twin_count_problems(c, edge.id, ((a, pa), (b, pb)))
     problems += [
         Problem(
             "edges", f"no edge joins ranks {a} and {b}: expected one edge per cable of the cycle {_cycle(n)}"
@@ -570,6 +605,21 @@ def _cable_problems(c: Cluster) -> list[Problem]:
 
 def _cycle(n: int) -> str:
     return "-".join(map(str, [*range(n), 0])) if n > 2 else "0-1"
+
+
+def _twin_count_problems(c: Cluster, edge: str, ends: tuple[tuple[int, int], ...]) -> list[Problem]:
+    """Twin t of one end talks to twin t of the other: both ends list as many twins."""
+    (a, pa), (b, pb) = ends
+    na, nb = (len(c.ranks[i].ring_ports[p].twins) for i, p in ends)
+    if na == nb:
+        return []
+    return [
+        Problem(
+            _port_path(b, pb, "twins"),
+            f"{nb} twin(s), but the other end of cable {edge} (ranks[{a}].ring_ports[{pa}]) has {na}: "
+            "both ends of a cable list the same twins",
+        )
+    ]
 
 
 def _cage_problems(c: Cluster, edge: str, cable: int, ends: tuple[tuple[int, int], ...]) -> list[Problem]:

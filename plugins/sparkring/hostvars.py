@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkring.cluster import Cluster, Rank, RingPort
+from sparkring.cluster import Cluster, Rank, RingPort, Twin
 from transport.geometry import matching_rounds, neighbours
 
 HEAD_GROUP = "sparkring_head"
@@ -103,7 +103,6 @@ def _port_vars(
     cluster: Cluster, port: RingPort, peer: Rank, peer_port: RingPort, verbs: bool
 ) -> dict[str, Any]:
     subnet = next(e.subnet for e in cluster.edges if e.id == port.edge)
-    rdma = port.rdma if verbs else None
     return {
         "cage": port.cage,
         "interface": port.interface,
@@ -112,11 +111,24 @@ def _port_vars(
         "prefix": subnet.prefixlen,
         "cidr": f"{port.address}/{subnet.prefixlen}",
         "subnet": str(subnet),
+        "twins": [
+            _twin_vars(twin, str(port.address) if t == 0 else None, verbs)
+            for t, twin in enumerate(port.twins)
+        ],
         "peer_rank": peer.rank,
         "peer_host": peer.host,
         "peer_address": str(peer_port.address),
         "peer_interface": peer_port.interface,
         "peer_cage": peer_port.cage,
+    }
+
+
+def _twin_vars(twin: Twin, address: str | None, verbs: bool) -> dict[str, Any]:
+    """One twin: its interface, the address it carries (the first twin only) and, on verbs, its RDMA."""
+    rdma = twin.rdma if verbs else None
+    return {
+        "interface": twin.interface,
+        "address": address,
         "rdma_device": rdma.device if rdma else None,
         "rdma_port": rdma.port if rdma else None,
         "gid_index": rdma.gid_index if rdma else None,

@@ -70,12 +70,19 @@ def container_name(rank: int) -> str:
     return f"sparkring-rank{rank}"
 
 
+def nccl_ib_devices(ports: list[dict[str, Any]]) -> list[list[str]]:
+    """The RDMA devices NCCL gets, one group per cage: the port's twins (docs/nccl.md, twins)."""
+    return [[twin["rdma_device"] for twin in port["twins"]] for port in ports]
+
+
 def network_env(rank: dict[str, Any], head: dict[str, Any], nccl_mode: str) -> dict[str, str]:
     """NCCL/Gloo/vLLM network settings derived from the inventory, never typed by hand.
 
-    Bootstrap and Gloo use the management network (every rank reaches rank 0 there); NCCL's
-    data path uses the ring ports' RDMA devices, and the subnet-aware connector picks the
-    cable whose /24 holds the peer."""
+    Bootstrap and Gloo use the management network (every rank reaches rank 0 there). NCCL's
+    data path is every twin of every ring port, one NCCL device per cage: NCCL's own NIC fusion
+    would pair the two cages (f0 and f1 of one PCI device), so the twins of each cage are fused
+    explicitly, and the subnet-aware connector picks the cage whose /24 holds the peer. Every
+    variable this depends on is set, defaults included (docs/nccl.md, "Twins")."""
     management = rank["sparkring_management"]
     env = {
         "VLLM_HOST_IP": management["address"],
@@ -85,10 +92,26 @@ def network_env(rank: dict[str, Any], head: dict[str, Any], nccl_mode: str) -> d
     }
     ports = rank["sparkring_ports"]
     if rank["sparkring_fabric"] == "verbs":
-        env["NCCL_IB_HCA"] = "=" + ",".join(port["rdma_device"] for port in ports)
-        gid_indexes = {port["gid_index"] for port in ports}
-        if len(gid_indexes) == 1 and isinstance(next(iter(gid_indexes)), int):
-            env["NCCL_IB_GID_INDEX"] = str(next(iter(gid_indexes)))
+        cages = nccl_ib_devices(ports)
+        env |= {
+            # The IB transport or nothing: no silent fallback to sockets on the management network.
+            "NCCL_NET": "IB",
+            "NCCL_NET_PLUGIN": "none",
+            "NCCL_IB_DISABLE": "0",
+            "NCCL_IB_HCA": "=" + ",".join(device for cage in cages for device in cage),
+            # One device per cage, both twins in it: a connection's QPs stripe over the twins.
+            "NCCL_IB_MERGE_NICS": "1",
+            "NCCL_NET_FORCE_MERGE": ";".join(",".join(cage) for cage in cages),
+            # Per function: the address twin's IPv4-mapped RoCE v2 GID, the other twin's own.
+            "NCCL_IB_GID_INDEX": "-1",
+            "NCCL_IB_ADDR_FAMILY": "AF_INET",
+            "NCCL_IB_ROCE_VERSION_NUM": "2",
+            # Each cable is its own /24: the connection goes to the cage on the peer's cable.
+            "NCCL_IB_SUBNET_AWARE_ROUTING": "1",
+            "NCCL_IB_SUBNET_PREFIX_LEN": str(ports[0]["prefix"]),
+            # A ring channel sends on one cable and receives on the other.
+            "NCCL_CROSS_NIC": "1",
+        }
     if nccl_mode == "patched":
         env["NCCL_SWITCHLESS_RING"] = "1"
         # The patched NCCL travels inside the GB10 image: the attestation hashes what is loaded.

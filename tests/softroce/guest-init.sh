@@ -1,9 +1,11 @@
 #!/bin/bash
 # PID 1 of a Soft-RoCE guest (the image's stub execs it from the staged repository disk).
-# Brings up the one NIC and an rxe device on it, runs the lane's phases against the peer guest
-# with a bound on every wait, records each phase in /results/status.tsv (phase, pass|fail|skip,
-# seconds, detail) with its log beside it, writes /results as a tar onto the results disk
-# (/dev/vdc) and powers off. Rank 0 is the server side of every client/server phase.
+# Brings up its NICs (one per twin of each of its ring ports, as its ring spec
+# /mnt/repo/.softroce/rank<r>.json lays them out: the first twin of a port with the address, the
+# second without) and an rxe device on each, runs the lane's phases against its neighbours with a
+# bound on every wait, records each phase in /results/status.tsv (phase, pass|fail|skip, seconds,
+# detail) with its log beside it, writes /results as a tar onto the results disk (/dev/vdc) and
+# powers off. Rank 0 is the server side of the perftest phases (cable 0, ranks 0 and 1).
 set -u
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1
 REPO=/mnt/repo
@@ -11,15 +13,28 @@ RESULTS=/results
 
 arg() { sed -n "s/.*\bsr\.$1=\([^ ]*\).*/\1/p" /proc/cmdline; }
 RANK=$(arg rank)
-ADDR=$(arg addr)
-PEER=$(arg peer)
 MTU=$(arg mtu)
 PHASES=$(arg phases)
-NIC=
+SPEC=$REPO/.softroce/rank$RANK.json
 ROLE=server
 ((RANK == 0)) || ROLE=client
 # The phases run in child shells (under timeout): they see these.
-export REPO RESULTS RANK ADDR PEER MTU ROLE
+export REPO RESULTS RANK MTU ROLE SPEC
+
+# spec FIELD: one line per twin of the ring spec, "interface address|- device peer_address"
+# (address only on a port's first twin); FIELD=ports gives "address peer_address peer_rank".
+spec() {
+	python3 - "$SPEC" "$1" <<'EOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for port in doc["ports"]:
+    if sys.argv[2] == "ports":
+        print(port["address"], port["peer_address"], port["peer_rank"])
+        continue
+    for twin in port["twins"]:
+        print(twin["interface"], twin["address"] or "-", twin["rdma_device"], port["peer_address"])
+EOF
+}
 
 say() { echo "SOFTROCE rank$RANK $*" >/dev/console; }
 
@@ -47,10 +62,13 @@ run_phase() {
 	say "phase $name: $status: $detail"
 }
 
+# Every rxe device's counters: sent/received packets per twin show the striping.
 rxe_counters() {
-	local f
-	for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do
-		[[ -r $f ]] && printf '%s=%s ' "${f##*/}" "$(cat "$f")"
+	local f dev
+	for dev in /sys/class/infiniband/rxe*; do
+		for f in "$dev"/ports/1/hw_counters/*; do
+			[[ -r $f ]] && printf '%s.%s=%s ' "${dev##*/}" "${f##*/}" "$(cat "$f")"
+		done
 	done
 }
 
@@ -77,49 +95,89 @@ nics() {
 }
 
 phase_net() {
-	local nics
-	nics=$(nics)
-	# The guest must be on no network but the one cable.
-	[[ $(wc -w <<<"$nics") == 1 ]] || { echo "expected exactly one NIC, found: $nics"; return 1; }
+	local want have iface address _dev _peer
+	want=$(spec twins | wc -l)
+	have=$(nics | wc -l)
+	# The guest must be on no network but its cables: one NIC per twin of each port.
+	[[ $have == "$want" ]] || { echo "expected $want NICs (one per twin), found: $(nics | tr '\n' ' ')"; return 1; }
 	ip link set lo up
-	ip link set "$nics" mtu "$MTU" up
-	ip addr add "$ADDR/24" dev "$nics"
-	for _ in $(seq 50); do
-		[[ $(cat "/sys/class/net/$nics/operstate") == up ]] && break
-		sleep 0.2
+	while read -r iface address _dev _peer; do
+		ip link set "$iface" mtu "$MTU" up
+		[[ $address == - ]] || ip addr add "$address/24" dev "$iface"
+	done < <(spec twins)
+	for iface in $(nics); do
+		for _ in $(seq 50); do
+			[[ $(cat "/sys/class/net/$iface/operstate") == up ]] && break
+			sleep 0.2
+		done
 	done
 	ip -br addr
 	ip route
-	echo "$nics $ADDR/24 mtu $MTU $(cat "/sys/class/net/$nics/operstate")"
-}
-
-phase_rxe() {
-	local gid expected a b c d
-	modprobe -a ib_uverbs rdma_rxe
-	rdma link add rxe0 type rxe netdev "$NIC"
-	rdma link show
-	ibv_devinfo -d rxe0 -v
-	# GID index 1 is the RoCE v2 GID mapped from the NIC's IPv4 address.
-	IFS=. read -r a b c d <<<"$ADDR"
-	expected=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
-	for _ in $(seq 50); do
-		gid=$(cat /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null)
-		[[ $gid == "$expected" ]] && break
-		sleep 0.2
+	spec twins | while read -r iface address _dev _peer; do
+		printf '%s %s mtu %s %s; ' "$iface" "$([[ $address == - ]] && echo no-ipv4 || echo "$address/24")" \
+			"$(cat "/sys/class/net/$iface/mtu")" "$(cat "/sys/class/net/$iface/operstate")"
 	done
-	[[ $gid == "$expected" ]] || { echo "GID 1 is '$gid', expected $expected"; return 1; }
-	echo "rxe0 on $NIC, $(ibv_devinfo -d rxe0 | grep -m1 active_mtu | tr -s ' \t' ' '), gid[1] $(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/1) $gid"
-}
-
-phase_ping() {
-	retry_until 60 ping -c 1 -W 2 "$PEER" || return 1
-	ping -c 5 -i 0.2 -W 2 "$PEER" | tail -n 2 | tr '\n' ' '
 	echo
 }
 
-# perftest tools print a table; the detail is the figure that matters.
+# gid_of DEVICE PATTERN: the first RoCE v2 GID index whose GID matches PATTERN (a bash glob).
+gid_of() {
+	local i gid
+	for i in $(seq 0 15); do
+		gid=$(cat "/sys/class/infiniband/$1/ports/1/gids/$i" 2>/dev/null) || continue
+		[[ $gid == $2 && $(cat "/sys/class/infiniband/$1/ports/1/gid_attrs/types/$i" 2>/dev/null) == "RoCE v2" ]] &&
+			{ echo "$i"; return 0; }
+	done
+	return 1
+}
+
+phase_rxe() {
+	local iface address dev _peer a b c d pattern index
+	modprobe -a ib_uverbs rdma_rxe
+	while read -r iface address dev _peer; do
+		rdma link add "$dev" type rxe netdev "$iface"
+	done < <(spec twins)
+	rdma link show
+	while read -r iface address dev _peer; do
+		# The first twin: the IPv4-mapped GID of its address; the second: a link-local GID.
+		if [[ $address == - ]]; then
+			pattern='fe80:0000:0000:0000:*'
+		else
+			IFS=. read -r a b c d <<<"$address"
+			pattern=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
+		fi
+		for _ in $(seq 50); do
+			index=$(gid_of "$dev" "$pattern") && break
+			sleep 0.2
+		done
+		[[ -n $index ]] || { echo "$dev on $iface: no RoCE v2 GID like $pattern"; return 1; }
+		printf '%s on %s: %s, gid[%s] RoCE v2 %s; ' "$dev" "$iface" \
+			"$(ibv_devinfo -d "$dev" | grep -m1 active_mtu | tr -s ' \t' ' ' | sed 's/^ //')" "$index" \
+			"$(cat "/sys/class/infiniband/$dev/ports/1/gids/$index")"
+		index=
+	done < <(spec twins)
+	echo
+}
+
+phase_ping() {
+	local address peer _rank
+	while read -r address peer _rank; do
+		retry_until 60 ping -c 1 -W 2 "$peer" || return 1
+		printf '%s -> %s: %s; ' "$address" "$peer" "$(ping -c 5 -i 0.2 -W 2 "$peer" | tail -n 2 | tr '\n' ' ')"
+	done < <(spec ports)
+	echo
+}
+
+# perftest runs on cable 0's first twin (rxe0 of ranks 0 and 1), at its IPv4 GID.
+perftest_ready() {
+	((RANK <= 1)) || { echo "perftest runs on cable 0 (ranks 0 and 1) only"; exit 77; }
+	GID=$(gid_of rxe0 '0000:0000:0000:0000:0000:ffff:*') || { echo "rxe0 has no IPv4 RoCE v2 GID"; exit 1; }
+	PEER=$(spec ports | head -n 1 | cut -d' ' -f2)
+}
+
 phase_rc_pingpong() {
-	local cmd=(ibv_rc_pingpong -d rxe0 -g 1 -n 200)
+	perftest_ready
+	local cmd=(ibv_rc_pingpong -d rxe0 -g "$GID" -n 200)
 	if [[ $ROLE == server ]]; then
 		"${cmd[@]}"
 	else
@@ -131,7 +189,8 @@ phase_rc_pingpong() {
 }
 
 phase_write_bw() {
-	local cmd=(ib_write_bw -d rxe0 -x 1 -p 18516 -s 65536 -n 1000 -F)
+	perftest_ready
+	local cmd=(ib_write_bw -d rxe0 -x "$GID" -p 18516 -s 65536 -n 1000 -F)
 	if [[ $ROLE == server ]]; then
 		"${cmd[@]}"
 	else
@@ -151,13 +210,13 @@ transport_ready() {
 
 guest_transport() {
 	transport_ready
-	cd "$REPO" && PYTHONPATH=$REPO python3 tests/softroce/guest_transport.py "$1" \
-		--rank "$RANK" --addr "$ADDR" --peer "$PEER" --device rxe0
+	cd "$REPO" && PYTHONPATH=$REPO python3 tests/softroce/guest_transport.py "$1" --spec "$SPEC"
 }
 
 phase_transport_build() { guest_transport build; }
 phase_transport_verbs() { guest_transport verbs; }
 phase_transport_probe() { guest_transport probe; }
+phase_transport_burn() { guest_transport burn; }
 phase_transport_allreduce() { guest_transport allreduce; }
 phase_transport_cmdring() { guest_transport cmdring; }
 
@@ -178,24 +237,23 @@ main() {
 	hostname "softroce-r$RANK"
 	modprobe -a virtio_net virtio_rng 2>/dev/null
 	uname -a >"$RESULTS/boot.log"
-	printf 'boot\tpass\t%s\tkernel %s up, rank %s %s peer %s\n' "$(cut -d' ' -f1 /proc/uptime)" \
-		"$(uname -r)" "$RANK" "$ADDR" "$PEER" >"$RESULTS/status.tsv"
-	say "boot done ($(cut -d' ' -f1 /proc/uptime) s), rank $RANK $ADDR peer $PEER phases $PHASES"
+	printf 'boot\tpass\t%s\tkernel %s up, rank %s\n' "$(cut -d' ' -f1 /proc/uptime)" \
+		"$(uname -r)" "$RANK" >"$RESULTS/status.tsv"
+	say "boot done ($(cut -d' ' -f1 /proc/uptime) s), rank $RANK ($(spec ports | tr '\n' ' ')) phases $PHASES"
 
 	# Bounds are ~4x a quiet run's figures (TCG guests crawl when the host is busy) and add up
-	# to 2100 s: within run.sh's bound on the guests, so a guest always reports, even when its
+	# to 3840 s: within run.sh's bound on the guests, so a guest always reports, even when its
 	# peer died.
 	run_phase net 30 phase_net
-	NIC=$(nics | head -n 1)
-	export NIC
-	run_phase rxe 60 phase_rxe
+	run_phase rxe 120 phase_rxe
 	run_phase ping 90 phase_ping
 	run_phase rc_pingpong 120 phase_rc_pingpong
 	run_phase write_bw 120 phase_write_bw
 	run_phase transport_build 480 phase_transport_build
 	run_phase transport_verbs 180 phase_transport_verbs
-	run_phase transport_probe 300 phase_transport_probe
-	run_phase transport_allreduce 420 phase_transport_allreduce
+	run_phase transport_probe 600 phase_transport_probe
+	run_phase transport_burn 900 phase_transport_burn
+	run_phase transport_allreduce 900 phase_transport_allreduce
 	run_phase transport_cmdring 300 phase_transport_cmdring
 	finish
 }

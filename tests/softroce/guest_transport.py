@@ -1,19 +1,25 @@
-"""The transport's verbs fabric between the two Soft-RoCE guests (run by guest-init.sh).
+"""The transport's verbs fabric between the Soft-RoCE guests (run by guest-init.sh).
 
-Runs inside a QEMU guest with an rxe device, from the staged repository, with the Debian
-python3/numpy of the guest (no torch there, so bf16 is left to the tcp lanes). One step per
-call, both ranks running the same step; the last line printed is the phase's one-line detail
-and the exit status is the verdict:
+Runs inside a QEMU guest with one rxe device per twin of each of its ring ports, from the
+staged repository, with the Debian python3/numpy of the guest (no torch there, so bf16 is left
+to the tcp lanes). The guest's ring is its ring spec (--spec, written by ring_specs.py): a pair
+on one cable or a ring of four, each port a cage of two twins (the first with the address, the
+second RDMA over its link-local GID), so every step runs the fabric striped over both twins.
+One step per call, every rank running the same step; the last line printed is the phase's
+one-line detail and the exit status is the verdict:
 
     build      compile the native engines with the guest's gcc, check the verbs struct
-               layouts against the guest's infiniband/verbs.h, open the rxe device and
-               resolve the "auto" GID index (the IPv4-mapped RoCE v2 GID)
-    verbs      rendezvous, RC QP bring-up, then RDMA WRITE with immediate both ways,
-               every payload verified
-    probe      ``python -m transport probe --fabric verbs``: ping-pong, bandwidth, an
-               all-reduce burn, every payload verified
-    allreduce  2-rank all-reduce (exchange and ring schedules; fp32, fp16; 1 KiB to
-               4 MiB) against the numpy reference, byte for byte
+               layouts against the guest's infiniband/verbs.h, open every twin's rxe device
+               and resolve its "auto" GID (first twin: IPv4-mapped; second: link-local)
+    verbs      rendezvous, RC QP bring-up on every twin, then RDMA WRITE with immediate both
+               ways with each neighbour, every payload verified; the rxe counters of every
+               twin show it carried its share (the striping)
+    probe      ``python -m transport probe --fabric verbs --ring-spec``: ping-pong and
+               bandwidth per link, an all-reduce burn, every payload verified
+    burn       the qualify stage's burn gate (every collective at 16 KiB and 1 MiB, fp32 and
+               fp16) on this ring, every result compared byte for byte
+    allreduce  all-reduce (exchange or matching, and ring; fp32, fp16; 1 KiB to 4 MiB)
+               against the numpy reference, byte for byte
     cmdring    the same all-reduces and an all-gather posted on the command ring and run by
                the native progress thread over the verbs fabric (the GPU's path, with a
                host thread as the producer), byte for byte
@@ -36,35 +42,43 @@ from typing import Any
 
 import numpy as np
 
-from transport import Communicator, Port, RingSpec, reference, verbs
+from transport import Communicator, RingSpec, reference, verbs
 from transport._native import cache_root, engine
 from transport.buffers import F16, F32
+from transport.geometry import matching_peers
+from transport.topology import from_hostvars
 
 RESULTS = Path(os.environ.get("RESULTS", "/results"))
 # Every step rendezvouses on its own port: a rank that finished a step early dials the next
 # one while its peer may still hold the previous port (the dial retries, bounded).
-TCP_PORTS = {"verbs": 18700, "probe": 18710, "allreduce": 18720, "cmdring": 18730}
+TCP_PORTS = {"verbs": 18700, "probe": 18710, "allreduce": 18720, "cmdring": 18730, "burn": 18740}
 COLLECTIVE_TIMEOUT_S = 60.0  # TCG guests move ~10 MB/s
 SETUP_TIMEOUT_S = 150.0
-WRITE_SIZES = (64, 4096, 1 << 20)  # 1 MiB spans several 256 KiB slots of the window
+# 1 MiB spans several 256 KiB slots of the window, 2 MiB more frames than one twin's window.
+WRITE_SIZES = (64, 4096, 1 << 20, 2 << 20)
 ALLREDUCE_SIZES = (1 << 10, 16 << 10, 1 << 20, 4 << 20)  # 4 MiB reuses every slot after its ack
 ALLREDUCE_ITERS = 2
 # The probe as cable qualification runs it, sized for a TCG guest.
 PROBE_ARGS = (
-    "--fabric verbs --world 2 --pingpong-size 4096 --pingpong-iters 200 --bw-size 1048576 --bw-iters 4 "
-    "--burn all_reduce --burn-dtype float32,float16 --burn-size 16384 --burn-iters 200"
+    "--fabric verbs --pingpong-size 4096 --pingpong-iters 100 --bw-size 1048576 --bw-iters 4 "
+    "--burn all_reduce --burn-dtype float32,float16 --burn-size 16384 --burn-iters 100"
+)
+# The qualify stage's burn gate (roles/qualify/defaults), sized for a TCG guest.
+BURN_ARGS = (
+    "--fabric verbs --skip-links --burn all_reduce,all_gather,dcp_query_all_gather,lse_combine,vocab_all_gather "
+    "--burn-size 16384,1048576 --burn-iters 20,2 --burn-dtype float32,float16"
 )
 
 
-def _spec(args: argparse.Namespace) -> RingSpec:
-    """The pair on one cable: port cage 0, the rxe device, the IPv4-mapped GID found by 'auto'."""
-    port = Port(0, args.addr, args.rank ^ 1, args.peer, args.device, 1, "auto")
-    return RingSpec(args.rank, 2, (port,))
+def _ring(args: argparse.Namespace) -> RingSpec:
+    doc = json.loads(Path(args.spec).read_text())
+    return from_hostvars({"sparkring_rank": doc["rank"], "sparkring_world_size": doc["world"],
+                          "sparkring_ports": doc["ports"]})  # fmt: skip
 
 
 def _communicator(args: argparse.Namespace, step: str) -> Communicator:
     return Communicator(
-        _spec(args),
+        _ring(args),
         fabric="verbs",
         tcp_port=TCP_PORTS[step],
         timeout_s=COLLECTIVE_TIMEOUT_S,
@@ -76,17 +90,34 @@ def _pattern(size: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
 
 
+def _devices(spec: RingSpec) -> list[str]:
+    return [twin.rdma_device for port in spec.ports for twin in port.twins]
+
+
+def _rxe_packets(devices: list[str]) -> dict[str, dict[str, int]]:
+    """Packets each twin's rxe device sent and received (its hw counters)."""
+    out = {}
+    for device in devices:
+        base = Path(f"/sys/class/infiniband/{device}/ports/1/hw_counters")
+        out[device] = {name: int((base / name).read_text()) for name in ("sent_pkts", "rcvd_pkts")}
+    return out
+
+
 def _link_facts(comm: Communicator) -> dict[str, Any]:
-    """Each verbs link as brought up: device, QP numbers, source GID, path MTU."""
+    """Each verbs link as brought up, per twin: device, QP numbers, source GID, path MTU."""
     return {
-        str(peer): {
-            "device": link.dev.name,
-            "tx_qpn": link.tx_qpn,
-            "rx_qpn": link.rx_qpn,
-            "sgid_index": link.sgid_index,
-            "gid": str(ipaddress.IPv6Address(link.gid)),
-            "path_mtu": verbs.MTU_BYTES.get(link.dev.mtu_enum),
-        }
+        str(peer): [
+            {
+                "twin": twin.twin,
+                "device": twin.dev.name,
+                "tx_qpn": twin.tx_qpn,
+                "rx_qpn": twin.rx_qpn,
+                "sgid_index": twin.sgid_index,
+                "gid": str(ipaddress.IPv6Address(twin.gid)),
+                "path_mtu": verbs.MTU_BYTES.get(twin.dev.mtu_enum),
+            }
+            for twin in link.twins
+        ]
         for peer, link in comm.links.items()
     }
 
@@ -102,110 +133,145 @@ def step_build(args: argparse.Namespace) -> str:
     verbs.libs()  # compiles the verbs engine; refuses if the ctypes layouts differ from verbs.h
     sizes = {name: layout["size"] for name, layout in verbs.measured_layouts().items()}
     devices = verbs.list_devices()
-    dev = verbs.Device.open(args.device, 1)
-    try:
-        gid_index, gid = dev.resolve_gid_index("auto", args.addr)
-        mtu = verbs.MTU_BYTES.get(dev.mtu_enum)
-    finally:
-        dev.close()
+    twins = {}
+    for port in _ring(args).ports:
+        for t, twin in enumerate(port.twins):
+            dev = verbs.Device.open(twin.rdma_device, twin.rdma_port)
+            try:
+                if t == 0:
+                    index, gid = dev.resolve_gid_index("auto", port.address)
+                else:
+                    index, gid = dev.resolve_link_local_gid_index("auto")
+                twins[twin.rdma_device] = {"cage": port.cage, "twin": t, "gid_index": index,
+                                           "gid": str(ipaddress.IPv6Address(gid)),
+                                           "active_mtu": verbs.MTU_BYTES.get(dev.mtu_enum)}  # fmt: skip
+            finally:
+                dev.close()
     built = sorted(
         p.name
         for p in cache_root().rglob("*")
         if p.is_file() and p.suffix in (".so", "") and p.name[0] != "."
     )
-    _save(
-        "build",
-        {
-            "seconds": round(time.monotonic() - t0, 2),
-            "cache": str(cache_root()),
-            "built": built,
-            "layout_sizes": sizes,
-            "devices": devices,
-            "gid_index": gid_index,
-            "gid": str(ipaddress.IPv6Address(gid)),
-            "active_mtu": mtu,
-        },
-    )
+    _save("build", {"seconds": round(time.monotonic() - t0, 2), "cache": str(cache_root()), "built": built,
+                    "layout_sizes": sizes, "devices": devices, "twins": twins})  # fmt: skip
+    resolved = "; ".join(f"{name} GID {t['gid_index']} {t['gid']}" for name, t in twins.items())
     return (
         f"built {', '.join(built)} with the guest's gcc; layouts match verbs.h ({len(sizes)} structs); "
-        f"devices {devices}; {args.device} auto GID index {gid_index} ({ipaddress.IPv6Address(gid)}), MTU {mtu}"
+        f"devices {devices}; auto GIDs: {resolved}"
     )
 
 
 def step_verbs(args: argparse.Namespace) -> str:
-    peer = args.rank ^ 1
+    spec = _ring(args)
+    devices = _devices(spec)
+    before = _rxe_packets(devices)
     t0 = time.monotonic()
     with _communicator(args, "verbs") as comm:
         setup_s = time.monotonic() - t0
         exchanged = []
-        for size in WRITE_SIZES:
-            send, want, got = (
-                _pattern(size, 2 * size + args.rank),
-                _pattern(size, 2 * size + peer),
-                np.zeros(size, np.uint8),
-            )
-            t1 = time.monotonic()
-            comm.transfer(
-                "softroce_write_imm", time.monotonic() + COLLECTIVE_TIMEOUT_S, peer, send, peer, got
-            )
-            if not np.array_equal(got, want):
-                bad = int(np.count_nonzero(got != want))
-                raise SystemExit(
-                    f"RDMA WRITE with immediate of {size} B from rank {peer}: {bad} bytes differ"
+        # Round by round (every rank pairs with the same neighbour at once), each size both ways.
+        for peer in matching_peers(spec.rank, spec.world):
+            for size in WRITE_SIZES:
+                send, want, got = (
+                    _pattern(size, 97 * size + spec.rank),
+                    _pattern(size, 97 * size + peer),
+                    np.zeros(size, np.uint8),
                 )
-            exchanged.append({"size_bytes": size, "seconds": round(time.monotonic() - t1, 4)})
+                t1 = time.monotonic()
+                comm.transfer(
+                    "softroce_write_imm", time.monotonic() + COLLECTIVE_TIMEOUT_S, peer, send, peer, got
+                )
+                if not np.array_equal(got, want):
+                    bad = int(np.count_nonzero(got != want))
+                    raise SystemExit(
+                        f"RDMA WRITE with immediate of {size} B from rank {peer}: {bad} bytes differ"
+                    )
+                exchanged.append(
+                    {"peer": peer, "size_bytes": size, "seconds": round(time.monotonic() - t1, 4)}
+                )
         doc = {
             "setup_seconds": round(setup_s, 2),
             "exchanged": exchanged,
             "links": _link_facts(comm),
             "stats": {str(k): v for k, v in comm.stats().items()},
         }
+    after = _rxe_packets(devices)
+    doc["rxe_packets"] = {
+        device: {name: after[device][name] - before[device][name] for name in after[device]}
+        for device in devices
+    }
     _save("verbs", doc)
-    frames = doc["stats"][str(peer)]
-    link = doc["links"][str(peer)]
+    idle = [
+        device
+        for device, moved in doc["rxe_packets"].items()
+        if not (moved["sent_pkts"] and moved["rcvd_pkts"])
+    ]
+    if idle:
+        raise SystemExit(f"twins that carried no traffic (the fabric must stripe over every twin): {idle}")
+    packets = ", ".join(
+        f"{device} {moved['sent_pkts']}/{moved['rcvd_pkts']}" for device, moved in doc["rxe_packets"].items()
+    )
     return (
-        f"rendezvous + RC QPs (tx qpn {link['tx_qpn']}, rx qpn {link['rx_qpn']}, path MTU {link['path_mtu']}) "
-        f"up in {setup_s:.1f} s; WRITE-with-imm {'/'.join(map(str, WRITE_SIZES))} B both ways verified; "
-        f"frames tx {frames['frames_tx']} rx {frames['frames_rx']}"
+        f"rendezvous + RC QPs on {len(devices)} twins (path MTU "
+        f"{sorted({t['path_mtu'] for link in doc['links'].values() for t in link})}) up in {setup_s:.1f} s; "
+        f"WRITE-with-imm {'/'.join(map(str, WRITE_SIZES))} B both ways with ranks "
+        f"{matching_peers(spec.rank, spec.world)} verified; packets sent/received per twin: {packets}"
     )
 
 
-def step_probe(args: argparse.Namespace) -> str:
-    out = RESULTS / "probe.json"
-    cmd = [sys.executable, "-m", "transport", "probe", *PROBE_ARGS.split()]
-    cmd += (
-        f"--rank {args.rank} --address {args.addr} --peer-address {args.peer} --device {args.device}".split()
-    )
-    cmd += f"--tcp-port {TCP_PORTS['probe']} --timeout {COLLECTIVE_TIMEOUT_S} --output {out}".split()
+def _run_probe(args: argparse.Namespace, step: str, extra: str) -> dict[str, Any]:
+    out = RESULTS / f"{step}.json"
+    cmd = [sys.executable, "-m", "transport", "probe", *extra.split(), "--ring-spec", args.spec]
+    cmd += f"--tcp-port {TCP_PORTS[step]} --timeout {COLLECTIVE_TIMEOUT_S} --output {out}".split()
     cmd += ["--setup-timeout", str(SETUP_TIMEOUT_S)]
     print("$", " ".join(cmd), flush=True)
     rc = subprocess.run(cmd, check=False).returncode
     doc = json.loads(out.read_text()) if out.is_file() else {"ok": False, "error": "no JSON written"}
     if rc != 0 or not doc["ok"]:
         raise SystemExit(f"probe exit {rc}: {doc.get('error')}")
-    link = doc["links"][0]
-    burns = ", ".join(f"{b['dtype']} {b['iterations']}x {b['mismatches']} mismatches" for b in doc["burns"])
-    return (
-        f"probe ok: rtt p50 {link['pingpong']['rtt_us']['p50']} us, bw tx {link['bandwidth']['tx']['gbit_s']} "
-        f"rx {link['bandwidth']['rx']['gbit_s']} Gbit/s, all_reduce 16 KiB {burns}"
+    return doc
+
+
+def step_probe(args: argparse.Namespace) -> str:
+    doc = _run_probe(args, "probe", PROBE_ARGS)
+    links = "; ".join(
+        f"rank {link['peer_rank']}: rtt p50 {link['pingpong']['rtt_us']['p50']} us, bw tx "
+        f"{link['bandwidth']['tx']['gbit_s']} rx {link['bandwidth']['rx']['gbit_s']} Gbit/s"
+        for link in doc["links"]
     )
+    burns = ", ".join(f"{b['dtype']} {b['iterations']}x {b['mismatches']} mismatches" for b in doc["burns"])
+    return f"probe ok: {links}; all_reduce 16 KiB {burns}"
+
+
+def step_burn(args: argparse.Namespace) -> str:
+    doc = _run_probe(args, "burn", BURN_ARGS)
+    calls = sum(b["iterations"] for b in doc["burns"])
+    kinds = sorted({b["collective"] for b in doc["burns"]})
+    return (
+        f"burn gate ok on {doc['world']} ranks: {len(doc['burns'])} burns ({', '.join(kinds)}; 16 KiB and 1 MiB; "
+        f"float32, float16), {calls} calls, 0 mismatches"
+    )
+
+
+def _algorithms(world: int) -> tuple[str, str]:
+    return ("exchange" if world == 2 else "matching", "ring")
 
 
 def step_allreduce(args: argparse.Namespace) -> str:
     runs, mismatches = [], 0
     with _communicator(args, "allreduce") as comm:
         for algorithm, (np_type, code), size in itertools.product(
-            ("exchange", "ring"), ((np.float32, F32), (np.float16, F16)), ALLREDUCE_SIZES
+            _algorithms(comm.world), ((np.float32, F32), (np.float16, F16)), ALLREDUCE_SIZES
         ):
             n = size // np.dtype(np_type).itemsize
             bad, t0 = 0, time.monotonic()
             for it in range(ALLREDUCE_ITERS):
                 inputs = [
                     np.random.default_rng(size * 31 + it * 2 + r).standard_normal(n).astype(np_type)
-                    for r in (0, 1)
+                    for r in range(comm.world)
                 ]
                 want = reference.all_reduce(inputs, code, algorithm).view(np.uint8)
-                got = comm.all_reduce(inputs[args.rank], algorithm)
+                got = comm.all_reduce(inputs[comm.rank], algorithm)
                 bad += int(not np.array_equal(got.view(np.uint8), want))
             mismatches += bad
             print(f"{algorithm} {np.dtype(np_type).name} {size} B: {bad} mismatches", flush=True)
@@ -225,8 +291,8 @@ def step_allreduce(args: argparse.Namespace) -> str:
             f"all-reduce: {mismatches} of {len(runs) * ALLREDUCE_ITERS} results differ from the reference"
         )
     return (
-        f"{len(runs) * ALLREDUCE_ITERS} all-reduces (exchange, ring; float32, float16; 1 KiB..4 MiB) "
-        "byte-identical to the reference, 0 mismatches"
+        f"{len(runs) * ALLREDUCE_ITERS} all-reduces ({', '.join(_algorithms(comm.world))}; float32, float16; "
+        "1 KiB..4 MiB) byte-identical to the reference, 0 mismatches"
     )
 
 
@@ -237,17 +303,20 @@ def step_cmdring(args: argparse.Namespace) -> str:
     with _communicator(args, "cmdring") as comm:
         ring = CommandRing(comm, host_memory(2 * max(ALLREDUCE_SIZES) + 4096), spin_us=50)
         for algorithm, (np_type, code), size in itertools.product(
-            ("exchange", "ring"), ((np.float32, F32), (np.float16, F16)), ALLREDUCE_SIZES
+            _algorithms(comm.world), ((np.float32, F32), (np.float16, F16)), ALLREDUCE_SIZES
         ):
             n = size // np.dtype(np_type).itemsize
-            inputs = [np.random.default_rng(size * 37 + r).standard_normal(n).astype(np_type) for r in (0, 1)]
+            inputs = [
+                np.random.default_rng(size * 37 + r).standard_normal(n).astype(np_type)
+                for r in range(comm.world)
+            ]
             want = reference.all_reduce(inputs, code, algorithm).view(np.uint8)
-            bad = int(not np.array_equal(ring.all_reduce(inputs[args.rank], algorithm).view(np.uint8), want))
+            bad = int(not np.array_equal(ring.all_reduce(inputs[comm.rank], algorithm).view(np.uint8), want))
             mismatches += bad
             runs.append({"collective": "all_reduce", "algorithm": algorithm, "dtype": np.dtype(np_type).name,
                          "size_bytes": size, "mismatches": bad})  # fmt: skip
-        blocks = [_pattern(4096, r).view(np.float32) for r in (0, 1)]
-        got = ring.all_gather(blocks[args.rank]).view(np.uint8)  # random bytes: compare bits (NaN too)
+        blocks = [_pattern(4096, r).view(np.float32) for r in range(comm.world)]
+        got = ring.all_gather(blocks[comm.rank]).view(np.uint8)  # random bytes: compare bits (NaN too)
         bad = int(not np.array_equal(got, np.concatenate(blocks).view(np.uint8)))
         mismatches += bad
         runs.append({"collective": "all_gather", "size_bytes": 4096, "mismatches": bad})
@@ -263,6 +332,7 @@ STEPS = {
     "build": step_build,
     "verbs": step_verbs,
     "probe": step_probe,
+    "burn": step_burn,
     "allreduce": step_allreduce,
     "cmdring": step_cmdring,
 }
@@ -271,10 +341,7 @@ STEPS = {
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=sorted(STEPS))
-    parser.add_argument("--rank", type=int, choices=(0, 1), required=True)
-    parser.add_argument("--addr", required=True)
-    parser.add_argument("--peer", required=True)
-    parser.add_argument("--device", default="rxe0")
+    parser.add_argument("--spec", required=True, help="this guest's ring spec (ring_specs.py wrote it)")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     print(STEPS[args.step](args))

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The Soft-RoCE lane: two QEMU TCG guests running Debian's kernel with rdma_rxe, joined by one
-# unix-socket "cable", run real verbs between them: perftest first, then the project's verbs
-# fabric. The host kernel has no RDMA and KVM guests hang on this machine, so the guests are
-# software-emulated: slow, but a real RDMA stack.
+# The Soft-RoCE lane: QEMU TCG guests running Debian's kernel with rdma_rxe, cabled as a ring (four
+# guests, four cables; or a pair on one cable), run real verbs between them: perftest first, then
+# the project's verbs fabric. Each cable end is a cage of two twins, as on a Spark: two NICs, two
+# rxe devices, one unix-socket "cable" per twin (twin t to twin t); the first twin carries the
+# port address, the second none (RDMA over its link-local GID), and the fabric stripes over both
+# (tests/softroce/ring_specs.py lays the ring out). The host kernel has no RDMA and KVM guests
+# hang on this machine, so the guests are software-emulated: slow, but a real RDMA stack.
 #
 #   tests/softroce/run.sh [all|deps|build|run]        (root; default: all)
 #
@@ -14,23 +17,24 @@
 # Environment (defaults in brackets):
 #   SOFTROCE_CACHE    guest root, image and kernel [/var/cache/sparkring-softroce]
 #   SOFTROCE_OUT      this run's disks, consoles, per-phase logs, summary.json [$SOFTROCE_CACHE/run]
-#   SOFTROCE_TIMEOUT  wall-clock bound on the guests, seconds [2400]
+#   SOFTROCE_TIMEOUT  wall-clock bound on the guests, seconds [4500]
 #   SOFTROCE_MIRROR   Debian mirror for debootstrap [http://deb.debian.org/debian]
 #   SOFTROCE_PHASES   comma list of guest phases to run (guest-init.sh names them) [all]
 #   SOFTROCE_MTU      cable MTU [9000, the ring's; rxe then uses path MTU 4096]
+#   SOFTROCE_RANKS    guests: 4 (a ring: the four-rank burn) or 2 (a pair on one cable) [4]
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${SOFTROCE_CACHE:-/var/cache/sparkring-softroce}
 OUT=${SOFTROCE_OUT:-$CACHE/run}
-TIMEOUT=${SOFTROCE_TIMEOUT:-2400}
+TIMEOUT=${SOFTROCE_TIMEOUT:-4500}
 MIRROR=${SOFTROCE_MIRROR:-http://deb.debian.org/debian}
 PHASES=${SOFTROCE_PHASES:-all}
 MTU=${SOFTROCE_MTU:-9000}
+RANKS=${SOFTROCE_RANKS:-4}
+TWINS=2
 SUITE=bookworm
-# One /24 "cable" as in the sim's r0-r1 edge: rank 0 is .1 (the server side of every phase).
-SUBNET=198.19.0
 STUB=/sbin/sparkring-softroce-init
 INVOCATION="tests/softroce/run.sh ${*:-all}"
 
@@ -141,13 +145,14 @@ do_build() {
 }
 
 # The checkout as git sees it (tracked and untracked-but-not-ignored files: work in progress
-# included, .venv and build outputs excluded) on its own ext4 disk.
+# included, .venv and build outputs excluded) on its own ext4 disk, with each guest's ring spec.
 stage_repo() {
 	local stage=$OUT/repo
 	mkdir -p "$stage"
 	git -C "$REPO" ls-files -z --cached --others --exclude-standard |
 		while IFS= read -r -d '' f; do [[ -e $REPO/$f ]] && printf '%s\0' "$f"; done |
 		tar -C "$REPO" --null -T - -cf - | tar -C "$stage" -xf -
+	python3 "$HERE/ring_specs.py" "$stage/.softroce" "$RANKS" "$TWINS"
 	# Room for the staged files plus what the guests build there (sparse, so cheap).
 	mkfs.ext4 -q -F -L sr-repo -d "$stage" "$OUT/repo.img" "$(($(du -sm "$stage" | cut -f1) + 512))M"
 }
@@ -161,34 +166,50 @@ stop_guests() {
 	return 0
 }
 
+# One guest: a NIC per twin of each of its ports, in the order its ring spec lists them (NIC k
+# becomes eth<k>). Every twin of a cable is a unix socket its even end serves (a ring cable joins
+# one even and one odd rank), so the even guests start first and the odd ones connect.
 start_guest() {
-	local rank=$1 server=$2 peer=$(($1 ^ 1))
+	local rank=$1 nics=() k=0 cable twin role
+	role=$( ((rank % 2 == 0)) && echo on || echo off)
+	while read -r cable twin; do
+		nics+=(-netdev "stream,id=nic$k,server=$role,addr.type=unix,addr.path=$OUT/cable$cable-$twin.sock"
+			-device "virtio-net-pci,netdev=nic$k,mac=52:54:00:53:5$rank:0$k")
+		k=$((k + 1))
+	done < <(python3 "$HERE/ring_specs.py" --nics "$OUT/repo/.softroce/rank$rank.json")
 	truncate -s 64M "$OUT/results-$rank.img"
 	qemu-system-x86_64 -accel tcg -cpu max -m 1024 -smp 1 \
 		-nodefaults -display none -no-reboot -serial "file:$OUT/console-$rank.log" \
 		-kernel "$CACHE/vmlinuz" -initrd "$CACHE/initrd.img" \
-		-append "root=/dev/vda rw console=ttyS0 net.ifnames=0 panic=1 init=$STUB sr.rank=$rank sr.addr=$SUBNET.$((rank + 1)) sr.peer=$SUBNET.$((peer + 1)) sr.mtu=$MTU sr.phases=$PHASES" \
+		-append "root=/dev/vda rw console=ttyS0 net.ifnames=0 panic=1 init=$STUB sr.rank=$rank sr.mtu=$MTU sr.phases=$PHASES" \
 		-drive "file=$CACHE/rootfs.img,if=virtio,format=raw,snapshot=on" \
 		-drive "file=$OUT/repo.img,if=virtio,format=raw,snapshot=on" \
 		-drive "file=$OUT/results-$rank.img,if=virtio,format=raw" \
-		-netdev "stream,id=cable,server=$server,addr.type=unix,addr.path=$OUT/cable.sock" \
-		-device "virtio-net-pci,netdev=cable,mac=52:54:00:53:52:0$rank" \
+		"${nics[@]}" \
 		-device virtio-rng-pci \
 		</dev/null >"$OUT/qemu-$rank.log" 2>&1 &
 	GUEST_PIDS+=($!)
 }
 
+guests_running() {
+	local pid
+	for pid in "${GUEST_PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done
+	return 1
+}
+
 run_guests() {
-	local deadline=$((SECONDS + TIMEOUT)) i
-	start_guest 0 on
-	# The second guest connects to the first one's socket: wait for it (bounded).
-	for ((i = 0; i < 100; i++)); do
-		[[ -S $OUT/cable.sock ]] && break
-		sleep 0.1
+	local deadline=$((SECONDS + TIMEOUT)) i rank sock
+	for ((rank = 0; rank < RANKS; rank += 2)); do start_guest "$rank"; done
+	# The odd guests connect to the even ones' sockets: wait for every one (bounded).
+	for sock in $(python3 "$HERE/ring_specs.py" --sockets "$OUT" "$RANKS" "$TWINS"); do
+		for ((i = 0; i < 100; i++)); do
+			[[ -S $sock ]] && break
+			sleep 0.1
+		done
+		[[ -S $sock ]] || die "no guest opened $sock: $(cat "$OUT"/qemu-*.log)"
 	done
-	[[ -S $OUT/cable.sock ]] || die "guest 0 did not open $OUT/cable.sock: $(cat "$OUT/qemu-0.log")"
-	start_guest 1 off
-	while kill -0 "${GUEST_PIDS[0]}" 2>/dev/null || kill -0 "${GUEST_PIDS[1]}" 2>/dev/null; do
+	for ((rank = 1; rank < RANKS; rank += 2)); do start_guest "$rank"; done
+	while guests_running; do
 		if ((SECONDS >= deadline)); then
 			log "guests still running after ${TIMEOUT} s: killing them"
 			stop_guests
@@ -196,12 +217,12 @@ run_guests() {
 		fi
 		sleep 2
 	done
-	for i in 0 1; do wait "${GUEST_PIDS[$i]}" || log "qemu $i exited with status $?"; done
+	for i in "${!GUEST_PIDS[@]}"; do wait "${GUEST_PIDS[$i]}" || log "qemu $i exited with status $?"; done
 }
 
 collect_results() {
 	local rank
-	for rank in 0 1; do
+	for ((rank = 0; rank < RANKS; rank++)); do
 		mkdir -p "$OUT/rank$rank"
 		if ! tar -C "$OUT/rank$rank" -xf "$OUT/results-$rank.img" 2>/dev/null; then
 			log "rank $rank wrote no results; its console ends with:"
@@ -216,12 +237,12 @@ json_string() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; printf '"%s"' "${s//$'\t
 write_summary() {
 	local result=pass rank name status seconds detail first key sep=''
 	{
-		printf '{\n  "lane": "softroce",\n  "command": %s,\n  "mtu": %s,\n  "host_seconds": {' \
-			"$(json_string "$INVOCATION")" "$MTU"
+		printf '{\n  "lane": "softroce",\n  "command": %s,\n  "mtu": %s,\n  "world": %s,\n  "twins": %s,\n  "host_seconds": {' \
+			"$(json_string "$INVOCATION")" "$MTU" "$RANKS" "$TWINS"
 		for key in "${!HOST_SECONDS[@]}"; do printf '%s"%s": %s' "$sep" "$key" "${HOST_SECONDS[$key]}"; sep=', '; done
 		printf '},\n  "ranks": {'
-		for rank in 0 1; do
-			printf '%s\n    "%s": [' "$([[ $rank == 1 ]] && echo ,)" "$rank"
+		for ((rank = 0; rank < RANKS; rank++)); do
+			printf '%s\n    "%s": [' "$( ((rank > 0)) && echo ,)" "$rank"
 			first=1
 			if [[ -f $OUT/rank$rank/status.tsv ]]; then
 				while IFS=$'\t' read -r name status seconds detail; do
@@ -243,7 +264,7 @@ write_summary() {
 
 print_results() {
 	local rank
-	for rank in 0 1; do
+	for ((rank = 0; rank < RANKS; rank++)); do
 		log "rank $rank phases (phase, status, seconds, detail):"
 		column -t -s $'\t' "$OUT/rank$rank/status.tsv" 2>/dev/null || echo "  (none)"
 	done

@@ -1,7 +1,11 @@
 /* SparkRing ring transport: the native progress engine of the verbs (RoCE) fabric.
  *
- * Same protocol and same sr_transfer_lanes contract as the tcp engine (sr_engine.c), over two RC
- * queue pairs per neighbour, both set up from Python (transport/verbs.py):
+ * Same protocol and same sr_transfer_lanes contract as the tcp engine (sr_engine.c). A neighbour
+ * is an sr_vlink: its cable's twins (a Spark cage is two x4 RDMA functions of ~100 Gb/s each,
+ * and only both carry the cable's rate), one sr_vpeer per twin. Frames are striped over them in
+ * order: frame k of a direction goes on twin k % ntwins on both ends, so the receiver consumes
+ * them in the order they were cut, and each twin keeps its own window, sequence and acks.
+ * Per twin, two RC queue pairs, both set up from Python (transport/verbs.py):
  *   tx QP: we RDMA WRITE WITH IMMEDIATE each DATA frame (header + payload) into slot
  *          seq % window of the peer's registered rx arena (imm = seq); the peer's ACKs
  *          arrive here as zero-length SEND WITH IMMEDIATE (imm = frames consumed).
@@ -29,8 +33,10 @@
 #define SPIN_US 50
 #define SLEEP_SLICE_MS 50
 
+#define SR_MAX_TWINS 2
+
 typedef struct sr_vpeer {
-    int my_rank, peer_rank;
+    int my_rank, peer_rank, twin;
     struct ibv_qp *tx_qp, *rx_qp;
     struct ibv_cq *cq;
     struct ibv_comp_channel *channel;
@@ -43,6 +49,12 @@ typedef struct sr_vpeer {
     uint64_t completions;
     uint64_t stats[6]; /* frames tx, frames rx, bytes tx, bytes rx, acks tx, acks rx */
 } sr_vpeer;
+
+typedef struct sr_vlink {
+    int ntwins;
+    sr_vpeer *twin[SR_MAX_TWINS];
+    uint64_t tx_frames, rx_frames; /* frames cut / consumed in this direction, over every twin */
+} sr_vlink;
 
 static int64_t vnow_us(void) {
     struct timespec ts;
@@ -95,9 +107,9 @@ static int poll_peer(sr_vpeer *p, sr_error *err) {
         for (int i = 0; i < n; i++) {
             if (wc[i].status != IBV_WC_SUCCESS)
                 return sr_fail(err, wc[i].status == IBV_WC_RETRY_EXC_ERR ? SR_ECLOSED : SR_EIO, p->peer_rank,
-                             "RDMA %s with rank %d failed: %s (vendor error 0x%x)",
+                             "RDMA %s with rank %d (twin %d) failed: %s (vendor error 0x%x)",
                              wc[i].wr_id == WR_DATA ? "write" : wc[i].wr_id == WR_ACK ? "ack" : "receive",
-                             p->peer_rank, ibv_wc_status_str(wc[i].status), wc[i].vendor_err);
+                             p->peer_rank, p->twin, ibv_wc_status_str(wc[i].status), wc[i].vendor_err);
             switch (wc[i].wr_id) {
             case WR_DATA:
             case WR_ACK:
@@ -204,7 +216,7 @@ static int consume_frame(sr_vpeer *p, unsigned char *rbuf, size_t len, size_t *d
 /* Arm the CQ events and sleep on the completion channels of n distinct peers for at most
  * ms; the caller polls the CQs again afterwards. */
 static int sleep_on_cqs(sr_vpeer *const *peers, int n, int ms, sr_error *err) {
-    struct pollfd fds[2 * SR_MAX_LANES];
+    struct pollfd fds[2 * SR_MAX_LANES * SR_MAX_TWINS];
     for (int i = 0; i < n; i++) {
         if (ibv_req_notify_cq(peers[i]->cq, 0))
             return sr_fail(err, SR_EIO, peers[i]->peer_rank, "arming the CQ of rank %d failed", peers[i]->peer_rank);
@@ -246,28 +258,85 @@ void sr_vpeer_free(sr_vpeer *p, int linger_ms) {
     free(p);
 }
 
-/* Earlier lanes that share a peer go first: its frames follow one sequence per direction. */
-static int lane_waits(sr_vpeer *const *peer, const size_t *have, const size_t *len, int i) {
+/* A neighbour over `n` twins (1..SR_MAX_TWINS), each an sr_vpeer already connected; NULL on bad
+ * arguments. The link owns the twins from here on (sr_vlink_free frees them). */
+sr_vlink *sr_vlink_new(sr_vpeer *const *twins, int n) {
+    if (n < 1 || n > SR_MAX_TWINS)
+        return NULL;
+    sr_vlink *l = calloc(1, sizeof *l);
+    if (!l)
+        return NULL;
+    l->ntwins = n;
+    for (int t = 0; t < n; t++) {
+        if (!twins[t] || twins[t]->peer_rank != twins[0]->peer_rank || twins[t]->slot_bytes != twins[0]->slot_bytes) {
+            free(l);
+            return NULL;
+        }
+        l->twin[t] = twins[t];
+        l->twin[t]->twin = t;
+    }
+    return l;
+}
+
+void sr_vlink_free(sr_vlink *l, int linger_ms) {
+    if (!l)
+        return;
+    for (int t = 0; t < l->ntwins; t++)
+        sr_vpeer_free(l->twin[t], linger_ms);
+    free(l);
+}
+
+/* The twins' counters, summed (frames tx, frames rx, bytes tx, bytes rx, acks tx, acks rx). */
+void sr_vlink_stats(const sr_vlink *l, uint64_t out[6]) {
+    memset(out, 0, 6 * sizeof *out);
+    for (int t = 0; t < l->ntwins; t++)
+        for (int k = 0; k < 6; k++)
+            out[k] += l->twin[t]->stats[k];
+}
+
+/* The next frame of a direction goes on twin (frames so far) % ntwins; 1 if one was posted. */
+static int link_post_frame(sr_vlink *l, const unsigned char *buf, size_t len, size_t *framed, sr_error *err) {
+    int rc = post_frame(l->twin[l->tx_frames % (uint64_t)l->ntwins], buf, len, framed, err);
+    if (rc > 0)
+        l->tx_frames++;
+    return rc;
+}
+
+static int link_consume_frame(sr_vlink *l, unsigned char *rbuf, size_t len, size_t *done, int op, int dtype,
+                              sr_error *err) {
+    int rc = consume_frame(l->twin[l->rx_frames % (uint64_t)l->ntwins], rbuf, len, done, op, dtype, err);
+    if (rc > 0)
+        l->rx_frames++;
+    return rc;
+}
+
+/* Earlier lanes that share a link go first: its frames follow one order per direction. */
+static int lane_waits(sr_vlink *const *link, const size_t *have, const size_t *len, int i) {
     for (int j = 0; j < i; j++)
-        if (peer[j] == peer[i] && have[j] < len[j])
+        if (link[j] == link[i] && have[j] < len[j])
             return 1;
     return 0;
 }
 
-/* Add p to the set of n distinct peers (NULL is skipped). */
-static void add_peer(sr_vpeer **set, int *n, sr_vpeer *p) {
-    for (int k = 0; k < *n; k++)
-        if (set[k] == p)
-            return;
-    if (p)
-        set[(*n)++] = p;
+/* Add the twins of l to the set of n distinct peers (NULL is skipped). */
+static void add_twins(sr_vpeer **set, int *n, const sr_vlink *l) {
+    if (!l)
+        return;
+    for (int t = 0; t < l->ntwins; t++) {
+        int known = 0;
+        for (int k = 0; k < *n; k++)
+            known |= set[k] == l->twin[t];
+        if (!known)
+            set[(*n)++] = l->twin[t];
+    }
 }
 
-/* The tcp engine's sr_transfer_lanes contract, over RDMA. */
+/* The tcp engine's sr_transfer_lanes contract, over RDMA: the lanes' peers are sr_vlinks. */
 int sr_vtransfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeout_ms, sr_error *err) {
     if (n < 1 || n > SR_MAX_LANES || (op == SR_OP_ADD && dtype != SR_F32 && dtype != SR_F16 && dtype != SR_BF16))
         return sr_fail(err, SR_EARG, -1, "invalid transfer arguments");
-    sr_vpeer *to[SR_MAX_LANES], *from[SR_MAX_LANES], *peers[2 * SR_MAX_LANES];
+    sr_vlink *to[SR_MAX_LANES], *from[SR_MAX_LANES];
+    sr_vpeer *peers[2 * SR_MAX_LANES * SR_MAX_TWINS];
     size_t slen[SR_MAX_LANES], rlen[SR_MAX_LANES], framed[SR_MAX_LANES] = {0}, done[SR_MAX_LANES] = {0};
     int npeers = 0;
     for (int i = 0; i < n; i++) {
@@ -277,8 +346,8 @@ int sr_vtransfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeo
         from[i] = lanes[i].from;
         slen[i] = to[i] ? lanes[i].slen : 0;
         rlen[i] = from[i] ? lanes[i].rlen : 0;
-        add_peer(peers, &npeers, to[i]);
-        add_peer(peers, &npeers, from[i]);
+        add_twins(peers, &npeers, to[i]);
+        add_twins(peers, &npeers, from[i]);
     }
     int64_t now = vnow_us(), deadline = now + (int64_t)timeout_ms * 1000, spin_until = now + SPIN_US;
     for (;;) {
@@ -288,13 +357,14 @@ int sr_vtransfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeo
                 return rc;
         for (int i = 0; i < n; i++) {
             if (to[i] && !lane_waits(to, framed, slen, i)) {
-                while ((rc = post_frame(to[i], lanes[i].sbuf, slen[i], &framed[i], err)) > 0)
+                while (framed[i] < slen[i] && (rc = link_post_frame(to[i], lanes[i].sbuf, slen[i], &framed[i], err)) > 0)
                     progress = 1;
                 if (rc < 0)
                     return rc;
             }
             if (from[i] && !lane_waits(from, done, rlen, i)) {
-                while ((rc = consume_frame(from[i], lanes[i].rbuf, rlen[i], &done[i], op, dtype, err)) > 0)
+                while (done[i] < rlen[i] &&
+                       (rc = link_consume_frame(from[i], lanes[i].rbuf, rlen[i], &done[i], op, dtype, err)) > 0)
                     progress = 1;
                 if (rc < 0)
                     return rc;
@@ -315,9 +385,11 @@ int sr_vtransfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeo
             while (done[i] == rlen[i] && framed[i] == slen[i])
                 i++;
             int receiving = done[i] < rlen[i];
-            sr_vpeer *p = receiving ? from[i] : to[i];
-            return sr_fail(err, SR_ETIMEOUT, p->peer_rank, "timed out after %d ms %s rank %d", timeout_ms,
-                         receiving ? "waiting for data from" : "sending to (window full, no ack from)", p->peer_rank);
+            sr_vlink *l = receiving ? from[i] : to[i];
+            sr_vpeer *p = l->twin[(receiving ? l->rx_frames : l->tx_frames) % (uint64_t)l->ntwins];
+            return sr_fail(err, SR_ETIMEOUT, p->peer_rank, "timed out after %d ms %s rank %d (twin %d)", timeout_ms,
+                         receiving ? "waiting for data from" : "sending to (window full, no ack from)", p->peer_rank,
+                         p->twin);
         }
         if (now < spin_until)
             continue;

@@ -70,7 +70,7 @@ __attribute__((format(printf, 4, 5))) static inline int sr_fail(sr_error *err, i
 }
 
 /* One lane of a transfer: send sbuf[slen] to `to` while receiving rbuf[rlen] from `from`
- * (an engine's peer handle, sr_peer or sr_vpeer; either may be NULL). A call runs up to
+ * (an engine's peer handle, sr_peer or sr_vlink; either may be NULL). A call runs up to
  * SR_MAX_LANES lanes at once; lanes that share a peer use it in lane order. */
 typedef struct sr_lane {
     void *to;

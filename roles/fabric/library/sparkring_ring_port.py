@@ -11,10 +11,11 @@ DOCUMENTATION = r"""
 module: sparkring_ring_port
 short_description: Configure one ring port of a SparkRing node from the cluster inventory
 description:
-  - Brings one ring interface to exactly the state the inventory describes, at run time
-    (C(ip), C(sysctl) in /proc), changing only what differs. Exactly its address/prefix
-    (others removed), the MTU, link up, no route through the port except the connected
-    route of its own cable subnet, and IPv4 forwarding off on the port.
+  - Brings one ring interface (one twin of a ring port) to exactly the state the inventory
+    describes, at run time (C(ip), C(sysctl) in /proc), changing only what differs. Exactly its
+    address/prefix (others removed; none at all on a twin without an address), the MTU, link
+    up, no route through the port except the connected route of its own cable subnet, and IPv4
+    forwarding off on the port.
   - Every ring transfer is between cable neighbours, so the topology needs no forwarding;
     traffic that never enters the FORWARD chain cannot be dropped by Docker's FORWARD
     policy. The global C(net.ipv4.ip_forward) is left to whoever owns it (Docker).
@@ -28,13 +29,13 @@ options:
     type: str
     required: true
   address:
-    description: Its IPv4 address (no prefix).
+    description:
+      - Its IPv4 address (no prefix). Omit (or null) for a twin that carries no address (the
+        second function of a Spark cage); every IPv4 address and route on it is then removed.
     type: str
-    required: true
   prefix:
-    description: The cable subnet's prefix length.
+    description: The cable subnet's prefix length (required with O(address)).
     type: int
-    required: true
   mtu:
     description: The MTU.
     type: int
@@ -108,7 +109,8 @@ class RingPort:
         self.module = module
         self.p = module.params
         self.ip = module.get_bin_path("ip", required=True, opt_dirs=["/usr/sbin", "/sbin"])
-        self.want = ipaddress.IPv4Interface(f"{self.p['address']}/{self.p['prefix']}")
+        address = self.p["address"]
+        self.want = ipaddress.IPv4Interface(f"{address}/{self.p['prefix']}") if address else None
 
     def run(self, argv: list[str]) -> str:
         rc, out, err = self.module.run_command(argv)
@@ -130,7 +132,9 @@ class RingPort:
             "mtu": link["mtu"],
             "up": "UP" in link["flags"],
             # Routes through the port other than its cable's connected route.
-            "foreign_routes": sorted(r["dst"] for r in routes if r["dst"] != str(self.want.network)),
+            "foreign_routes": sorted(
+                r["dst"] for r in routes if self.want is None or r["dst"] != str(self.want.network)
+            ),
             "forwarding": forwarding,
         }
 
@@ -157,8 +161,9 @@ class RingPort:
 
     def plan(self, before: dict[str, Any]) -> tuple[list[list[str]], dict[str, Any]]:
         iface, ip = self.p["interface"], self.ip
+        wanted = [str(self.want)] if self.want else []
         after = {
-            "addresses": [str(self.want)],
+            "addresses": wanted,
             "mtu": self.p["mtu"],
             "up": True,
             "foreign_routes": [],
@@ -168,16 +173,15 @@ class RingPort:
         if before["mtu"] != after["mtu"]:
             cmds.append([ip, "link", "set", "dev", iface, "mtu", str(after["mtu"])])
         for extra in before["addresses"]:
-            if extra != str(self.want):
+            if extra not in wanted:
                 cmds.append([ip, "addr", "del", extra, "dev", iface])
-        if str(self.want) not in before["addresses"]:
-            cmds.append([ip, "addr", "add", str(self.want), "dev", iface])
+        for address in wanted:
+            if address not in before["addresses"]:
+                cmds.append([ip, "addr", "add", address, "dev", iface])
         if not before["up"]:
             cmds.append([ip, "link", "set", "dev", iface, "up"])
         # A removed address takes its connected route with it: delete only the others.
-        dropped = {
-            str(ipaddress.IPv4Interface(a).network) for a in before["addresses"] if a != str(self.want)
-        }
+        dropped = {str(ipaddress.IPv4Interface(a).network) for a in before["addresses"] if a not in wanted}
         for dst in before["foreign_routes"]:
             if dst not in dropped:
                 cmds.append([ip, "route", "del", dst, "dev", iface])
@@ -213,12 +217,13 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "interface": {"type": "str", "required": True},
-            "address": {"type": "str", "required": True},
-            "prefix": {"type": "int", "required": True},
+            "address": {"type": "str"},
+            "prefix": {"type": "int"},
             "mtu": {"type": "int", "required": True},
             "management_interface": {"type": "str", "required": True},
             "management_address": {"type": "str", "required": True},
         },
+        required_by={"address": "prefix"},
         supports_check_mode=True,
     )
     module.run_command_environ_update = {"LANG": "C", "LC_ALL": "C"}

@@ -4,36 +4,43 @@
 (the worse end wins, the most basic failure domain first), the edges are compared with each
 other (a cable far slower than the rest of the ring is a warning), and the cage matching of
 the whole ring is read from what every port heard: a rank whose two ports each reach the
-other's expected neighbour has its two cables swapped.
+other's expected neighbour has its two cables swapped. The four-rank burn's per-rank probe
+documents become one gate verdict that names every failing rank.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
+import json
 import statistics
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+
+def _module_utils(name: str) -> ModuleType:
+    """A project module_utils file, loaded by path on the controller (Ansible ships it only to nodes)."""
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[3] / "module_utils" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_module_utils("sparkring_link_facts")  # what the ring checks import, found by name
+_RING = _module_utils("sparkring_ring_checks")
+
 SCHEMA = "sparkring.qualify/1"
-# The module's domains, plus "node": the module produced no result on that end.
-DOMAINS = (
-    "node",
-    "link",
-    "cabling",
-    "mtu",
-    "addressing",
-    "rdma",
-    "path",
-    "transport",
-    "errors",
-    "performance",
-)
+# The module's failure domains (one list, module_utils/sparkring_ring_checks.py), plus "node":
+# the module produced no result on that end.
+DOMAINS = ("node", *_RING.DOMAINS)
 QUALIFIED, WARNING, FAILED = "qualified", "qualified_with_warning", "failed"
 # What the role registers: one sparkring_cable result per round (cage 0, then cage 1).
 ROUND_RESULTS = ("qualify_round0", "qualify_round1")
-
-
-def _subject(rank: int, port: dict[str, Any]) -> str:
-    return f"r{rank} cage{port['cage']} <-> r{port['peer_rank']} cage{port['peer_cage']}"
 
 
 def _frame(end: dict[str, Any] | None, size: int) -> dict[str, Any] | None:
@@ -75,6 +82,12 @@ def _end_result(host: str, hv: dict[str, Any], port: dict[str, Any]) -> dict[str
     return None
 
 
+def _twin_of(check: dict[str, Any], end: dict[str, Any]) -> str:
+    """The twin interface a check names in its subject ("... (ring1b)"), else the end's interface."""
+    subject = check.get("subject") or ""
+    return subject.rsplit("(", 1)[-1].rstrip(")") if subject.endswith(")") else end["interface"]
+
+
 def _edge_verdict(ends: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
     """Worse end wins; among failures the most basic domain (then the lower rank) names the fix."""
     failures, reasons, warned = [], [], False
@@ -90,7 +103,7 @@ def _edge_verdict(ends: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
             domain = verdict["failure_domain"]
             first = next(c for c in end["checks"] if c["status"] == "fail" and c["domain"] == domain)
             failures.append(
-                (domain, f"{first['detail']} (at r{end['rank']} {end['interface']})", verdict["fix"])
+                (domain, f"{first['detail']} (at r{end['rank']} {_twin_of(first, end)})", verdict["fix"])
             )
         warned = warned or verdict["status"] == WARNING
     if failures:
@@ -217,7 +230,7 @@ def sparkring_qualify_report(
         verdict = _edge_verdict(end_hosts)
         edges[port["edge"]] = {
             "id": port["edge"],
-            "subject": _subject(a[0], a_port),
+            "subject": _RING.edge_subject(a[0], a_port),
             "ends": [f"r{a[0]} cage{a[1]}", f"r{b[0]} cage{b[1]}"],
             **verdict,
             "warnings": [r.split(": ", 2)[-1] for r in verdict["reasons"] if "CQ-PERF" in r],
@@ -292,11 +305,80 @@ def sparkring_qualify_table(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+BURN_SCHEMA = "sparkring.burn/1"
+
+
+def _burn_of(host: str, hv: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """One rank's probe document, or why there is none."""
+    run = hv.get("qualify_burn_run")
+    if not run:
+        return None, "no burn result: the task did not run there"
+    if run.get("skipped"):
+        return None, None
+    try:
+        return json.loads(run.get("stdout") or ""), None
+    except ValueError:
+        why = (run.get("msg") or run.get("stderr") or "").strip()[-300:]
+        return None, f"no burn result (exit {run.get('rc')}): {why or 'no output'}"
+
+
+def sparkring_burn_report(
+    hostvars: dict[str, Any], hosts: list[str], settings: dict[str, Any]
+) -> dict[str, Any]:
+    """Every rank's burn into one verdict: failed on any mismatch, error or missing rank, naming it."""
+    ranks, failures = [], []
+    for host in sorted(hosts, key=lambda h: hostvars[h]["sparkring_rank"]):
+        hv = hostvars[host]
+        rank = hv["sparkring_rank"]
+        doc, missing = _burn_of(host, hv)
+        who = f"rank {rank} ({host})"
+        if missing:
+            failures.append(f"{who}: {missing}")
+        if doc is not None and doc.get("error"):
+            failures.append(f"{who}: {doc['error']}")
+        burns = (doc or {}).get("burns") or []
+        failures += [
+            f"{who}: {b['collective']} {b['dtype']} {b['size_bytes']} B: {b['mismatches']} of {b['iterations']} "
+            "results differ from the reference"
+            for b in burns
+            if b["mismatches"]
+        ]
+        ranks.append(
+            {
+                "rank": rank,
+                "host": host,
+                "ok": bool(doc and doc.get("ok")),
+                "error": (doc or {}).get("error") or missing,
+                "seconds": (doc or {}).get("seconds"),
+                "burns": burns,
+            }
+        )
+    ran = [r for r in ranks if r["burns"] or r["error"]]
+    status = "failed" if failures else ("passed" if ran else "skipped")
+    calls = sum(b["iterations"] for r in ranks for b in r["burns"])
+    summary = {
+        "passed": f"four-rank burn passed: {len(ranks)} ranks, {calls} collective calls, 0 mismatches",
+        "failed": f"four-rank burn FAILED on {len({f.split(':')[0] for f in failures})} rank(s)",
+        "skipped": "four-rank burn skipped (check mode: no traffic)",
+    }[status]
+    return {
+        "schema": BURN_SCHEMA,
+        "cluster": settings["cluster"],
+        "check_mode": bool(settings.get("check_mode")),
+        "status": status,
+        "summary": summary,
+        "failures": failures,
+        "settings": {key: value for key, value in settings.items() if key not in ("cluster", "check_mode")},
+        "ranks": ranks,
+    }
+
+
 class FilterModule:
-    """sparkring_qualify_report, sparkring_qualify_table."""
+    """sparkring_qualify_report, sparkring_qualify_table, sparkring_burn_report."""
 
     def filters(self) -> dict[str, Any]:
         return {
             "sparkring_qualify_report": sparkring_qualify_report,
             "sparkring_qualify_table": sparkring_qualify_table,
+            "sparkring_burn_report": sparkring_burn_report,
         }

@@ -12,7 +12,9 @@ short_description: Network namespaces, veth ring cables and management bridge of
 description:
   - Creates (or removes) one network namespace per rank and one controller namespace, the
     management bridge in the controller namespace with one veth per rank attached to it, and
-    one veth pair per ring cable with the exact MTU and addresses the inventory gives.
+    one veth pair per twin of every ring cable (twin t of one end to twin t of the other, as a
+    Spark cage's two functions share its cable) with the exact MTU the inventory gives; the
+    first twin gets the port address, the others no IPv4 address.
   - Forwarding is off in every namespace it creates, so ranks that are not cabled to each
     other cannot reach each other over the fabric, as on a real switchless ring.
   - Reads the current state with C(ip -j) and C(tc -j) and changes only what differs, so a
@@ -24,7 +26,7 @@ options:
       - One entry per rank, from the cluster inventory hostvars.
       - Keys C(host), C(rank), C(netns), C(management) (C(interface), C(address), C(prefix))
         and C(ports) (list of C(interface), C(address), C(prefix), C(edge), C(peer_host),
-        C(peer_interface)).
+        C(peer_interface), C(twins) (list of C(interface))).
     type: list
     elements: dict
     required: true
@@ -92,7 +94,7 @@ commands:
   type: list
   elements: str
 cables:
-  description: The ring cables, C(edge) with its two ends C(host:interface).
+  description: The ring cables, C(edge) with its two ends C(host:interface) and each twin pair C(twins).
   returned: always
   type: list
   elements: dict
@@ -138,6 +140,10 @@ def ring_cables(ranks: list[dict]) -> list[dict]:
             pb["peer_interface"],
         ) != (ra["host"], pa["interface"]):
             raise ValueError(f"edge {edge}: the two ends do not name each other as peers")
+        if len(pa["twins"]) != len(pb["twins"]):
+            raise ValueError(
+                f"edge {edge}: the two ends list {len(pa['twins'])} and {len(pb['twins'])} twins"
+            )
         cables.append({"edge": edge, "a": (ra, pa), "b": (rb, pb)})
     return cables
 
@@ -293,17 +299,19 @@ class Fabric:
             self.default_route(ns, gateway, mgmt["interface"])
         for cable in cables:
             (ra, pa), (rb, pb) = cable["a"], cable["b"]
-            self.veth(
-                f"cable {cable['edge']}",
-                (ra["netns"], pa["interface"]),
-                (rb["netns"], pb["interface"]),
-                self.p["mtu"],
-            )
-            for rank, port in cable["a"], cable["b"]:
-                self.interface(
-                    rank["netns"], port["interface"], [f"{port['address']}/{port['prefix']}"], self.p["mtu"]
+            for twin, (ta, tb) in enumerate(zip(pa["twins"], pb["twins"], strict=True)):
+                self.veth(
+                    f"cable {cable['edge']} twin {twin}",
+                    (ra["netns"], ta["interface"]),
+                    (rb["netns"], tb["interface"]),
+                    self.p["mtu"],
                 )
-                self.shaping(rank["netns"], port["interface"], self.shaping_for(cable["edge"]))
+            for rank, port in cable["a"], cable["b"]:
+                for twin, spec in enumerate(port["twins"]):
+                    # The first twin carries the port address; another twin none (as on a Spark).
+                    cidrs = [f"{port['address']}/{port['prefix']}"] if twin == 0 else []
+                    self.interface(rank["netns"], spec["interface"], cidrs, self.p["mtu"])
+                    self.shaping(rank["netns"], spec["interface"], self.shaping_for(cable["edge"]))
 
     def absent(self) -> None:
         # Ranks first, the controller last: its ProxyCommand netcats serve the ranks' sessions.
@@ -361,6 +369,10 @@ def main() -> None:
                 "ends": [
                     f"{c['a'][0]['host']}:{c['a'][1]['interface']}",
                     f"{c['b'][0]['host']}:{c['b'][1]['interface']}",
+                ],
+                "twins": [
+                    [f"{c['a'][0]['host']}:{ta['interface']}", f"{c['b'][0]['host']}:{tb['interface']}"]
+                    for ta, tb in zip(c["a"][1]["twins"], c["b"][1]["twins"], strict=True)
                 ],
             }
             for c in cables

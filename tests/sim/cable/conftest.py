@@ -48,3 +48,21 @@ def run_qualify(
         return done, json.loads(report_file.read_text())
 
     return _run
+
+
+@pytest.fixture
+def run_burn(
+    sim_ring: Callable[..., subprocess.CompletedProcess[str]], transport_built: None, tmp_path: Path
+) -> Callable[..., tuple[subprocess.CompletedProcess[str], dict]]:
+    """Run playbooks/burn.yml (the four-rank burn gate alone) with its report in a private folder."""
+
+    def _run(*extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+        reports = tmp_path / "burn"
+        done = sim_ring(
+            ["ansible-playbook", "playbooks/burn.yml", "-e", f"qualify_report_dir={reports}", *extra]
+        )
+        report_file = reports / "burn.json"
+        assert report_file.exists(), f"no report:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
+        return done, json.loads(report_file.read_text())
+
+    return _run

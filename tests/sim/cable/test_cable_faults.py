@@ -5,6 +5,7 @@ domain (and fix). Every fault is undone in a finally: the ring is shared."""
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 from collections.abc import Iterator
 
@@ -46,34 +47,50 @@ def _assert_measured(edge: dict) -> None:
         assert figures["bandwidth_gbit_s"] > 0, figures
 
 
-def test_every_edge_qualifies_with_latency_and_bandwidth(run_qualify):
+def test_every_edge_qualifies_with_latency_and_bandwidth(run_qualify, tmp_path):
     done, report = run_qualify()
     assert done.returncode == 0, done.stdout[-4000:]
+    # Then the four-rank burn gate ran on tcp: every collective at 16 KiB and 8 MiB, 0 mismatches.
+    burn = json.loads((tmp_path / "qualify" / "burn.json").read_text())
+    assert burn["status"] == "passed", burn["failures"]
+    assert [r["rank"] for r in burn["ranks"]] == [0, 1, 2, 3]
+    for rank in burn["ranks"]:
+        assert {(b["collective"], b["size_bytes"]) for b in rank["burns"]} == {
+            (c, size)
+            for c in ("all_reduce", "all_gather", "dcp_query_all_gather", "lse_combine", "vocab_all_gather")
+            for size in (16384, 8388608)
+        }
+        assert all(b["mismatches"] == 0 for b in rank["burns"])
     edges = _edges(report)
     assert sorted(edges) == ["r0-r1", "r1-r2", "r2-r3", "r3-r0"]
     assert {edge["status"] for edge in edges.values()} == {"qualified"}, report["edges"]
     for edge in edges.values():
         _assert_measured(edge)
         for checks in edge["checks"].values():
-            assert {c["id"]: c["status"] for c in checks}["CQ-NEIGHBOR"] == "pass"
-            assert {c["id"]: c["status"] for c in checks}["CQ-COUNTERS"] == "pass"
+            # One beacon and one counter check per twin: both twins of every cable end.
+            for check_id in ("CQ-NEIGHBOR", "CQ-COUNTERS", "CQ-LINK-UP", "CQ-LINK-ADDR"):
+                assert [c["status"] for c in checks if c["id"] == check_id] == ["pass", "pass"], checks
 
 
 def test_mtu_1500_and_a_link_down(run_qualify):
-    """r3's cage 0 port (cable r2-r3) at MTU 1500; r3's cage 1 port (cable r3-r0) down."""
+    """r3's cage 0 port (cable r2-r3) at MTU 1500; the second twin of r3's cage 1 port (cable r3-r0) down."""
     with fault(
         [
             ("r3", ["ip", "link", "set", "ring0", "mtu", "1500"]),
-            ("r3", ["ip", "link", "set", "ring1", "down"]),
+            ("r3", ["ip", "link", "set", "ring1b", "down"]),
         ],
-        [("r3", ["ip", "link", "set", "ring0", "mtu", "9000"]), ("r3", ["ip", "link", "set", "ring1", "up"])],
+        [
+            ("r3", ["ip", "link", "set", "ring0", "mtu", "9000"]),
+            ("r3", ["ip", "link", "set", "ring1b", "up"]),
+        ],
     ):
         done, report = run_qualify()
     assert done.returncode != 0, "qualification passed with faults on the ring"
     edges = _edges(report)
     assert (edges["r2-r3"]["status"], edges["r2-r3"]["failure_domain"]) == ("failed", "mtu")
-    assert "r2 cage0 <-> r3 cage0: MTU 1500, expected 9000 (at r3 ring0)" in done.stdout
+    assert "r2 cage0 <-> r3 cage0: ring0 MTU 1500, expected 9000 (at r3 ring0)" in done.stdout
     assert (edges["r3-r0"]["status"], edges["r3-r0"]["failure_domain"]) == ("failed", "link")
+    assert "ring1b is down (carrier off); expected up with carrier (at r3 ring1b)" in done.stdout
     assert edges["r3-r0"]["subject"] == "r3 cage1 <-> r0 cage1"
     assert "fix:" in done.stdout
     for untouched in ("r0-r1", "r1-r2"):
@@ -82,19 +99,20 @@ def test_mtu_1500_and_a_link_down(run_qualify):
 
 
 def _swap_r1_cables() -> list[tuple[str, list[str]]]:
-    """Swap the two cables at r1: the veths trade names, so each carries the other's addresses."""
-    return [
-        ("r1", argv)
-        for argv in (
-            ["ip", "link", "set", "ring0", "down"],
-            ["ip", "link", "set", "ring1", "down"],
-            ["ip", "link", "set", "ring0", "name", "ringswap"],
-            ["ip", "link", "set", "ring1", "name", "ring0"],
-            ["ip", "link", "set", "ringswap", "name", "ring1"],
-            ["ip", "link", "set", "ring0", "up"],
-            ["ip", "link", "set", "ring1", "up"],
-        )
-    ]
+    """Swap the two cables at r1: each cage's twins trade names with the other cage's, so each
+    cable carries the other's addresses (a cable holds both twins of its cage)."""
+    steps = []
+    for a, b in (("ring0", "ring1"), ("ring0b", "ring1b")):
+        steps += [
+            ["ip", "link", "set", a, "down"],
+            ["ip", "link", "set", b, "down"],
+            ["ip", "link", "set", a, "name", "ringswap"],
+            ["ip", "link", "set", b, "name", a],
+            ["ip", "link", "set", "ringswap", "name", b],
+            ["ip", "link", "set", a, "up"],
+            ["ip", "link", "set", b, "up"],
+        ]
+    return [("r1", argv) for argv in steps]
 
 
 def test_swapped_cables(run_qualify):
@@ -161,3 +179,13 @@ def test_docker_forward_drop_policy_does_not_touch_ring_traffic(run_qualify):
     assert all(
         _netns(h, "iptables", "-S", "FORWARD").stdout.startswith(f"-P FORWARD {policies[h]}") for h in hosts
     )
+
+
+def test_burn_gate_fails_naming_the_rank_whose_result_differs(run_burn):
+    """The burn's test hook flips one byte in rank 2's first result of every burn."""
+    done, burn = run_burn("-e", "qualify_burn_flip_rank=2", "-e", '{"qualify_burn_iterations": [20, 1]}')
+    assert done.returncode != 0, "the burn gate passed with a corrupted result"
+    assert burn["status"] == "failed"
+    assert {f.split(":")[0] for f in burn["failures"]} == {"rank 2 (r2)"}, burn["failures"]
+    assert "rank 2 (r2): all_reduce float32 16384 B: 1 of 20 results differ from the reference" in done.stdout
+    assert [r["ok"] for r in burn["ranks"]] == [True, True, False, True]

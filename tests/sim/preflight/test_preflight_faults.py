@@ -21,9 +21,11 @@ def _port(hostvars: dict, host: str, peer: str) -> dict:
     return next(port for port in hostvars[host]["sparkring_ports"] if port["peer_host"] == peer)
 
 
-def _edge(hostvars: dict, host: str, peer: str) -> str:
+def _edge(hostvars: dict, host: str, peer: str, twin: int = 0) -> str:
+    """The subject of a check on one twin of the cable: `r1 cage1 <-> r2 cage1 (ring1)`."""
     port = _port(hostvars, host, peer)
-    return f"r{hostvars[host]['sparkring_rank']} cage{port['cage']} <-> r{port['peer_rank']} cage{port['peer_cage']}"
+    cable = f"r{hostvars[host]['sparkring_rank']} cage{port['cage']} <-> r{port['peer_rank']} cage{port['peer_cage']}"
+    return f"{cable} ({port['twins'][twin]['interface']})"
 
 
 def _ip(host: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -46,6 +48,12 @@ def fault(inject: list[list[str]], undo: list[list[str]]) -> Iterator[None]:
 def _failed(reports: Path, host_rank: int) -> list[tuple[str, str, str]]:
     report = json.loads((reports / f"rank{host_rank}.json").read_text())
     return [(c["id"], c["subject"], c["detail"]) for c in report["checks"] if c["status"] == "fail"]
+
+
+def _cable_failed(reports: Path, host_rank: int) -> list[tuple[str, str, str]]:
+    """The failed checks on a cable end (`rX cageN <-> rY cageM (iface)`), leaving out the node's
+    own checks (disk, engine, GPU), which a host short of disk fails whatever the ring does."""
+    return [f for f in _failed(reports, host_rank) if "<->" in f[1]]
 
 
 def _assert_failed_run(done: subprocess.CompletedProcess[str], check_id: str, edge: str) -> None:
@@ -71,9 +79,9 @@ def test_mtu_1500_on_one_cable(hostvars, run_preflight):
     failed = _failed(reports, hostvars[RANK]["sparkring_rank"])
     assert ("PF-LINK-MTU", edge) in [(i, s) for i, s, _ in failed]
     assert ("PF-JUMBO-PING", edge) in [(i, s) for i, s, _ in failed]
-    assert any("MTU 1500; expected 9000" in d for i, _, d in failed if i == "PF-LINK-MTU")
+    assert any("MTU 1500, expected 9000" in d for i, _, d in failed if i == "PF-LINK-MTU")
     # Only that cable: rank 1's other port is untouched and passes.
-    assert {s for _, s, _ in failed} == {edge}, failed
+    assert {s for _, s, _ in _cable_failed(reports, hostvars[RANK]["sparkring_rank"])} == {edge}, failed
     assert _link(RANK, a)["mtu"] == int(mtu) and _link(PEER, b)["mtu"] == int(mtu)
 
 
@@ -88,6 +96,18 @@ def test_link_down(hostvars, run_preflight):
     assert ("PF-LINK-UP", _edge(hostvars, PEER, RANK)) in [
         (i, s) for i, s, _ in _failed(reports, hostvars[PEER]["sparkring_rank"])
     ]
+    assert "UP" in _link(PEER, b)["flags"]
+
+
+def test_second_twin_down_is_named(hostvars, run_preflight):
+    """A cage's second twin carries no address, yet preflight checks it like the first."""
+    b = _port(hostvars, PEER, RANK)["twins"][1]["interface"]
+    with fault([[PEER, "link", "set", b, "down"]], [[PEER, "link", "set", b, "up"]]):
+        done, reports = run_preflight("--limit", PEER)
+    edge = _edge(hostvars, PEER, RANK, twin=1)
+    _assert_failed_run(done, "PF-LINK-UP", edge)
+    failed = _cable_failed(reports, hostvars[PEER]["sparkring_rank"])
+    assert [(i, s) for i, s, _ in failed] == [("PF-LINK-UP", edge)], failed
     assert "UP" in _link(PEER, b)["flags"]
 
 

@@ -63,12 +63,14 @@ class CommandScript:
         self.sysfs = sysfs
         self.ran: list[list[str]] = []
 
-    def __call__(self, _module: Any, args: list[str], **_kwargs: Any) -> tuple[int, str, str]:
+    def __call__(self, _module: Any, args: list[str], **kwargs: Any) -> tuple[int, str, str]:
         argv = [str(arg) for arg in args]
         self.ran.append(argv)
         assert self.expected, f"unexpected command {argv}"
         step = self.expected.pop(0)
         assert argv == step["command"], f"expected {step['command']}, the module ran {argv}"
+        if "stdin" in step:
+            assert json.loads(kwargs.get("data") or "null") == step["stdin"], kwargs.get("data")
         _write_sysfs(self.sysfs, step.get("effects", {}).get("sysfs", {}))
         out = step.get("out", "")
         return step.get("rc", 0), out if isinstance(out, str) else json.dumps(out), step.get("err", "")

@@ -1,8 +1,8 @@
 """Inventories for the inventory tests: the checked-in files and rings built from the sim rule.
 
 `sim_ring(n)` writes the contract's sim geometry out by hand (cable i joins rank i at .1 and
-rank i+1 at .2 in 198.19.i.0/24, cage i % 2 on both ends, interface ring<cage>), so that tests
-compare the schema and the geometry functions against an independent statement of the ring.
+rank i+1 at .2 in 198.19.i.0/24, cage i % 2 on both ends, twins ring<cage> and ring<cage>b), so
+that tests compare the schema and the geometry against an independent statement of the ring.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def sim_ring(n: int) -> dict[str, Any]:
         cage = cable % 2
         return {
             "cage": cage,
-            "interface": f"ring{cage}",
             "edge": edges[cable]["id"],
             "address": f"198.19.{cable}.{end}",
+            "twins": [{"interface": f"ring{cage}"}, {"interface": f"ring{cage}b"}],
         }
 
     ranks = [
@@ -61,7 +61,7 @@ def sim_ring(n: int) -> dict[str, Any]:
     ]
     return {
         "plugin": "sparkring_cluster",
-        "version": 1,
+        "version": 2,
         "cluster": {
             "name": "sim",
             "fabric": "tcp",

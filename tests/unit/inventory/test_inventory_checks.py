@@ -17,7 +17,17 @@ SWAPPED_CAGES = {"ranks[1].ring_ports[0].cage": 1, "ranks[1].ring_ports[1].cage"
 RDMA = {"device": "rocep1s0f0", "port": 1, "gid_index": 3}
 
 CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
-    ("version", SIM, {"version": 2}, ["version: expected 1, got 2"]),
+    ("version", SIM, {"version": 3}, ["version: expected 2, got 3"]),
+    (
+        "version 1 says how to move to twins",
+        SIM,
+        {"version": 1},
+        [
+            "version: expected 2, got 1: version 2 describes each ring port's twins (a Spark cage is two "
+            "netdev/RDMA functions): move the port's interface and rdma into twins: [{interface, rdma}, "
+            "{interface, rdma}] and set version: 2"
+        ],
+    ),
     ("version is a bool", SIM, {"version": True}, ["version: expected an integer, got True"]),
     ("plugin name", SIM, {"plugin": "yaml"}, ["plugin: expected 'sparkring_cluster', got 'yaml'"]),
     (
@@ -215,10 +225,9 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         {
             "ranks[1].ring_ports[1]": {
                 "cage": 1,
-                "interface": "enp1s0f1np1",
                 "edge": "spark0-spark1",
                 "address": "198.51.100.3",
-                "rdma": {**RDMA, "device": "rocep1s0f1"},
+                "twins": [{"interface": "enp1s0f1np1", "rdma": {**RDMA, "device": "rocep1s0f1"}}],
             }
         },
         [
@@ -234,46 +243,81 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         SIM,
         {"cluster.fabric": "verbs"}
         | {
-            f"ranks[{r}].ring_ports[{p}].rdma": {**RDMA, "device": f"rocep1s0f{p}"}
+            f"ranks[{r}].ring_ports[{p}].twins[{t}].rdma": {**RDMA, "device": f"roce{t}p1s0f{p}"}
             for r in range(4)
             for p in range(2)
-            if (r, p) != (2, 1)
+            for t in range(2)
+            if (r, p, t) != (2, 1, 1)
         },
-        ["ranks[2].ring_ports[1].rdma: required when cluster.fabric is verbs: {device, port, gid_index}"],
+        [
+            "ranks[2].ring_ports[1].twins[1].rdma: required when cluster.fabric is verbs: {device, port, gid_index}"
+        ],
     ),
     (
         "rdma fields",
         RING4,
         {
-            "ranks[0].ring_ports[0].rdma.port": 0,
-            "ranks[0].ring_ports[1].rdma.gid_index": "3",
-            "ranks[1].ring_ports[0].rdma.device": "mlx5/0",
+            "ranks[0].ring_ports[0].twins[0].rdma.port": 0,
+            "ranks[0].ring_ports[1].twins[1].rdma.gid_index": "3",
+            "ranks[1].ring_ports[0].twins[0].rdma.device": "mlx5/0",
         },
         [
-            "ranks[0].ring_ports[0].rdma.port: expected a value >= 1, got 0",
-            "ranks[0].ring_ports[1].rdma.gid_index: '3': expected \"auto\" or a RoCE v2 GID index 0-255 "
+            "ranks[0].ring_ports[0].twins[0].rdma.port: expected a value >= 1, got 0",
+            "ranks[0].ring_ports[1].twins[1].rdma.gid_index: '3': expected \"auto\" or a RoCE v2 GID index 0-255 "
             "(a RoCE GID table has at most 256 entries)",
-            "ranks[1].ring_ports[0].rdma.device: 'mlx5/0' is not a valid RDMA device name: expected 1-64 of A-Z a-z "
+            "ranks[1].ring_ports[0].twins[0].rdma.device: 'mlx5/0' is not a valid RDMA device name: expected 1-64 of A-Z a-z "
             "0-9 _ . -, such as rocep1s0f0",
         ],
     ),
     (
         "gid_index past a RoCE GID table",
         RING4,
-        {"ranks[3].ring_ports[0].rdma.gid_index": 300},
+        {"ranks[3].ring_ports[0].twins[0].rdma.gid_index": 300},
         [
-            'ranks[3].ring_ports[0].rdma.gid_index: 300: expected "auto" or a RoCE v2 GID index 0-255 '
+            'ranks[3].ring_ports[0].twins[0].rdma.gid_index: 300: expected "auto" or a RoCE v2 GID index 0-255 '
             "(a RoCE GID table has at most 256 entries)"
         ],
     ),
     (
         "rdma device reused",
         RING4,
-        {"ranks[2].ring_ports[1].rdma.device": "rocep1s0f0"},
+        {"ranks[2].ring_ports[1].twins[1].rdma.device": "roceP2p1s0f0"},
         [
-            "ranks[2].ring_ports[1].rdma: the same RDMA device and port as ranks[2].ring_ports[0].rdma: every ring "
-            "port has its own"
+            "ranks[2].ring_ports[1].twins[1].rdma: the same RDMA device and port as "
+            "ranks[2].ring_ports[0].twins[1].rdma: every twin has its own"
         ],
+    ),
+    (
+        "twins of one cable differ in number",
+        RING4,
+        {"ranks[1].ring_ports[1].twins[1]": DELETE},
+        [
+            "ranks[2].ring_ports[1].twins: 2 twin(s), but the other end of cable spark1-spark2 "
+            "(ranks[1].ring_ports[1]) has 1: both ends of a cable list the same twins"
+        ],
+    ),
+    (
+        "a cage has at most two twins",
+        SIM,
+        {"ranks[0].ring_ports[0].twins[2]": {"interface": "ring0c"}},
+        [
+            "ranks[0].ring_ports[0].twins: expected at most 2 item(s), got [{'interface': 'ring0'}, {'interface': 'ring0b'}, {'inter..."
+        ],
+    ),
+    (
+        "every twin has its own interface",
+        SIM,
+        {"ranks[1].ring_ports[1].twins[1].interface": "ring0b"},
+        [
+            "ranks[1].ring_ports[1].twins[1].interface: also ranks[1].ring_ports[0].twins[1].interface: every twin "
+            "of every port of a rank has its own interface",
+        ],
+    ),
+    (
+        "a port without twins",
+        SIM,
+        {"ranks[3].ring_ports[0].twins": []},
+        ["ranks[3].ring_ports[0].twins: expected at least 1 item(s), got []"],
     ),
     (
         "management address",
@@ -335,7 +379,8 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         SIM,
         {"ranks[0].management.interface": "ring1"},
         [
-            "ranks[0].ring_ports[1].interface: also ranks[0].management.interface: every port of a rank has its own interface"
+            "ranks[0].ring_ports[1].twins[0].interface: also ranks[0].management.interface: every twin of every "
+            "port of a rank has its own interface"
         ],
     ),
     (
@@ -349,7 +394,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
             "ranks[0].host": "r0 r1",
             "ranks[0].hostname": "sim_r0",
             "ranks[1].ssh": {"host": "$(reboot)", "port": 70000},
-            "ranks[2].ring_ports[0].interface": "ring0`id`",
+            "ranks[2].ring_ports[0].twins[0].interface": "ring0`id`",
             "ranks[3].management.interface": "mgmt0-too-long-x",
         },
         [
@@ -366,7 +411,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
             "ranks[1].ssh.host: '$(reboot)' is not a valid hostname: expected RFC 1123 labels (letters, digits, '-', "
             "1-63 characters each, not starting or ending with '-') joined by '.'",
             "ranks[1].ssh.port: expected a value <= 65535, got 70000",
-            "ranks[2].ring_ports[0].interface: 'ring0`id`' is not a valid interface name: expected 1-15 of A-Z a-z "
+            "ranks[2].ring_ports[0].twins[0].interface: 'ring0`id`' is not a valid interface name: expected 1-15 of A-Z a-z "
             "0-9 _ . : -, starting alphanumeric (Linux IFNAMSIZ)",
             "ranks[3].management.interface: 'mgmt0-too-long-x' is not a valid interface name: expected 1-15 of A-Z "
             "a-z 0-9 _ . : -, starting alphanumeric (Linux IFNAMSIZ)",
@@ -447,7 +492,7 @@ def test_valid_variants() -> None:
         == []
     )
     assert problems(edit(PAIR, {"ranks[0].ring_ports[0].cage": 1})) == [], "a pair keeps no cage matching"
-    assert problems(edit(RING4, {"ranks[0].ring_ports[0].rdma.gid_index": "auto"})) == []
+    assert problems(edit(RING4, {"ranks[0].ring_ports[0].twins[0].rdma.gid_index": "auto"})) == []
 
 
 def test_yaml_duplicate_keys_are_errors(tmp_path: Path) -> None:

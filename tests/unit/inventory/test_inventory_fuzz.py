@@ -72,6 +72,10 @@ def pick(draw: Draw, data: dict[str, Any], keep: Callable[[Loc, Any], bool]) -> 
     return draw(st.sampled_from([loc for loc, value in nodes(data) if keep(loc, value)]))
 
 
+def twins(data: dict[str, Any]) -> list[Loc]:
+    return [(*loc, "twins", t) for loc in ports(data) for t in range(len(at(data, loc)["twins"]))]
+
+
 def ports(data: dict[str, Any]) -> list[Loc]:
     return [
         ("ranks", r, "ring_ports", p)
@@ -239,7 +243,7 @@ def empty_string(draw: Draw, data: dict[str, Any]) -> Mutated:
 
 
 BAD_INTEGERS = {
-    "version": st.integers(-3, 9).filter(lambda v: v != 1),
+    "version": st.integers(-3, 9).filter(lambda v: v != 2),
     "mtu": st.integers(0, 70000).filter(lambda v: v != 9000),
     "link_speed_mbps": st.integers(-(10**6), 0),
     "port": st.sampled_from([0, -22, 65536, 10**6]),
@@ -292,9 +296,9 @@ def bad_edge(draw: Draw, data: dict[str, Any]) -> Mutated:
 
 def fabric_without_rdma(draw: Draw, data: dict[str, Any]) -> Mutated:
     if data["cluster"]["fabric"] == "tcp":
-        data["cluster"]["fabric"] = "verbs"  # no port has an rdma section: each lacks one
-        return data, {("cluster", "fabric")} | {(*loc, "rdma") for loc in ports(data)}
-    loc = draw(st.sampled_from(ports(data)))
+        data["cluster"]["fabric"] = "verbs"  # no twin has an rdma section: each lacks one
+        return data, {("cluster", "fabric")} | {(*loc, "rdma") for loc in twins(data)}
+    loc = draw(st.sampled_from(twins(data)))
     del at(data, loc)["rdma"]
     return data, {(*loc, "rdma")}
 

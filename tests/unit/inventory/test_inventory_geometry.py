@@ -57,7 +57,12 @@ def test_pair_hostvars_have_one_port_one_round_and_the_peer_on_both_sides() -> N
             peer,
             port["peer_address"],
         )
-        assert (port["rdma_device"], port["rdma_port"], port["gid_index"]) == ("rocep1s0f0", 1, "auto")
+        # The cage's two twins: the first carries the address, both their RDMA devices.
+        assert [(t["interface"], t["address"], t["rdma_device"], t["rdma_port"]) for t in port["twins"]] == [
+            ("enp1s0f0np0", port["address"], "rocep1s0f0", 1),
+            ("enP2p1s0f0np0", None, "roceP2p1s0f0", 1),
+        ]
+        assert port["interface"] == "enp1s0f0np0"
 
 
 def test_groups_head_is_rank_zero() -> None:
@@ -74,7 +79,8 @@ def test_tcp_fabric_publishes_no_rdma_even_when_blocks_are_present() -> None:
     data["cluster"]["fabric"] = "tcp"
     for v in cluster_hostvars(validate_cluster(data)).values():
         for port in v["sparkring_ports"]:
-            assert (port["rdma_device"], port["rdma_port"], port["gid_index"]) == (None, None, None)
+            for twin in port["twins"]:
+                assert (twin["rdma_device"], twin["rdma_port"], twin["gid_index"]) == (None, None, None)
 
 
 def test_ssh_override_and_defaults() -> None:

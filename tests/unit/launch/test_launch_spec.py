@@ -76,8 +76,26 @@ def test_load_bearing_settings(dcp: int, sparkcache: int) -> None:
         assert spec["env"]["SPARKRING_FULL_CKV_GATHER"] == ("0" if dcp == 1 else "1")
         assert "--enable-prefix-caching" in serve
         assert ("--kv-transfer-config" in serve) == bool(sparkcache)
-        assert spec["env"]["NCCL_IB_HCA"] == "=rocep1s0f0,rocep1s0f1"
-        assert spec["env"]["NCCL_SWITCHLESS_RING"] == "1"
+        env = spec["env"]
+        assert env["NCCL_IB_HCA"] == "=rocep1s0f0,roceP2p1s0f0,rocep1s0f1,roceP2p1s0f1"
+        # One NCCL device per cage, fused from its twins (NCCL alone would fuse the two cages).
+        assert (env["NCCL_IB_MERGE_NICS"], env["NCCL_NET_FORCE_MERGE"]) == (
+            "1",
+            "rocep1s0f0,roceP2p1s0f0;rocep1s0f1,roceP2p1s0f1",
+        )
+        assert (env["NCCL_IB_SUBNET_AWARE_ROUTING"], env["NCCL_IB_SUBNET_PREFIX_LEN"]) == ("1", "24")
+        assert (env["NCCL_IB_GID_INDEX"], env["NCCL_IB_ADDR_FAMILY"], env["NCCL_IB_ROCE_VERSION_NUM"]) == (
+            "-1",
+            "AF_INET",
+            "2",
+        )
+        assert (env["NCCL_NET"], env["NCCL_NET_PLUGIN"], env["NCCL_IB_DISABLE"], env["NCCL_CROSS_NIC"]) == (
+            "IB",
+            "none",
+            "0",
+            "1",
+        )
+        assert env["NCCL_SWITCHLESS_RING"] == "1"
 
 
 def test_secrets_are_passed_by_name_only() -> None:

@@ -1,4 +1,8 @@
-"""library/sparkring_preflight: each judgement (facts in, result out) and the module's own readers."""
+"""library/sparkring_preflight: its own judgements (facts in, result out), readers and arguments.
+
+The ring-port rules it shares with cable qualification are tested in tests/unit/ring_checks;
+here the module runs them over a node's sysfs for every twin of its ports.
+"""
 
 from __future__ import annotations
 
@@ -13,99 +17,33 @@ from pathlib import Path
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-# Rank 1's port on cable r1-r2 in the sim (cage 1 on both ends).
+# Rank 1's port on cable r1-r2 in the sim (cage 1 on both ends), with its two twins.
 PORT = {
     "cage": 1,
     "interface": "ring1",
     "edge": "r1-r2",
     "address": "198.19.1.1",
     "prefix": 24,
+    "twins": [
+        {"interface": "ring1", "address": "198.19.1.1", "rdma_device": "rocep1s0f1", "rdma_port": 1,
+         "gid_index": "auto"},
+        {"interface": "ring1b", "address": None, "rdma_device": "roceP2p1s0f1", "rdma_port": 1,
+         "gid_index": "auto"},
+    ],
     "peer_rank": 2,
+    "peer_host": "r2",
     "peer_address": "198.19.1.2",
     "peer_cage": 1,
-    "rdma_device": "rocep1s0f1",
-    "rdma_port": 1,
-    "gid_index": "auto",
-}
-EDGE = "r1 cage1 <-> r2 cage1"
+}  # fmt: skip
 
 
 def _by_id(results):
     return {result.id: result for result in results}
 
 
-def _assert_fail_names(result, check_id, subject=EDGE):
+def _assert_fail_names(result, check_id, subject):
     assert (result.id, result.status, result.subject) == (check_id, "fail", subject)
     assert result.fix, "a failed check must say how to fix it"
-
-
-def test_healthy_link_passes(preflight, link_facts):
-    link = link_facts.Link("ring1", True, "up", True, 9000, 10000)
-    results = _by_id(preflight.judge_link(1, PORT, link, 9000, 10000))
-    assert {r.status for r in results.values()} == {"pass"}
-    assert results["PF-LINK-MTU"].subject == EDGE
-
-
-def test_mtu_1500_fails_naming_the_edge(preflight, link_facts):
-    link = link_facts.Link("ring1", True, "up", True, 1500, 10000)
-    result = _by_id(preflight.judge_link(1, PORT, link, 9000, 10000))["PF-LINK-MTU"]
-    _assert_fail_names(result, "PF-LINK-MTU")
-    assert "MTU 1500; expected 9000" in result.detail and "r1-r2" in result.detail
-
-
-def test_down_link_fails_up_but_still_reports_mtu(preflight, link_facts):
-    link = link_facts.Link("ring1", True, "lowerlayerdown", False, 9000, None)
-    results = _by_id(preflight.judge_link(1, PORT, link, 9000, 10000))
-    _assert_fail_names(results["PF-LINK-UP"], "PF-LINK-UP")
-    assert results["PF-LINK-MTU"].status == "pass"
-    _assert_fail_names(results["PF-LINK-SPEED"], "PF-LINK-SPEED")
-    assert "unknown" in results["PF-LINK-SPEED"].detail
-
-
-def test_missing_interface_fails_once_and_skips_the_rest(preflight, link_facts):
-    results = preflight.judge_link(1, PORT, link_facts.Link("ring1", False), 9000, 10000)
-    assert [(r.id, r.status) for r in results] == [
-        ("PF-LINK-UP", "fail"),
-        ("PF-LINK-MTU", "skip"),
-        ("PF-LINK-SPEED", "skip"),
-    ]
-
-
-@pytest.mark.parametrize(
-    ("speed", "wanted", "status"),
-    [(200000, 200000, "pass"), (100000, 200000, "fail"), (10000, None, "skip")],
-)
-def test_link_speed(preflight, link_facts, speed, wanted, status):
-    link = link_facts.Link("ring1", True, "up", True, 9000, speed)
-    assert _by_id(preflight.judge_link(1, PORT, link, 9000, wanted))["PF-LINK-SPEED"].status == status
-
-
-@pytest.mark.parametrize(
-    ("configured", "status"),
-    [
-        (["198.19.1.1/24"], "pass"),
-        (["198.19.1.99/24"], "fail"),  # wrong address
-        (["198.19.1.1/16"], "fail"),  # wrong prefix
-        (["198.19.1.1/24", "10.0.0.1/8"], "fail"),  # a stray extra address
-        ([], "fail"),
-    ],
-)
-def test_exact_address(preflight, configured, status):
-    result = preflight.judge_address(1, PORT, [ipaddress.IPv4Interface(a) for a in configured])
-    assert result.status == status
-    if status == "fail":
-        _assert_fail_names(result, "PF-LINK-ADDR")
-        assert "expected exactly 198.19.1.1/24" in result.detail
-
-
-def test_jumbo_ping(preflight, link_facts):
-    ok = preflight.judge_jumbo(1, PORT, 9000, link_facts.PingResult(2, 2, None))
-    assert ok.status == "pass" and "8972 B" in ok.detail
-    lost = preflight.judge_jumbo(
-        1, PORT, 9000, link_facts.PingResult(2, 0, "local error: message too long, mtu=1500")
-    )
-    _assert_fail_names(lost, "PF-JUMBO-PING")
-    assert "message too long" in lost.detail
 
 
 def test_non_neighbor(preflight):
@@ -148,80 +86,108 @@ def test_disk_and_ports(preflight):
     assert preflight.judge_port_free(8000, "tcp", "", [], []).status == "fail"
 
 
-def test_rdma_skips_on_tcp_and_fails_without_device_on_verbs(preflight, link_facts, tmp_path):
-    skip = preflight.judge_rdma_port(1, PORT, "tcp", [], None)
-    assert skip.status == "skip" and "fabric tcp" in skip.detail
-    missing = link_facts.read_rdma_port("rocep1s0f1", 1, str(tmp_path))
-    _assert_fail_names(preflight.judge_rdma_port(1, PORT, "verbs", [], missing), "PF-RDMA-PORT")
-    no_device = dict(PORT, rdma_device=None, rdma_port=None)
-    _assert_fail_names(preflight.judge_rdma_port(1, no_device, "verbs", [], None), "PF-RDMA-PORT")
-    assert preflight.judge_gid(1, PORT, "tcp", None, None).status == "skip"
-
-
 def test_gpu(preflight):
     assert preflight.judge_gpu(0, False, None, None).status == "skip"
     assert preflight.judge_gpu(0, True, "0, NVIDIA GB10, GPU-1", None).status == "pass"
     _assert_fail_names(preflight.judge_gpu(0, True, None, "nvidia-smi not found"), "PF-GPU", "r0")
 
 
-def _verbs_tree(tmp_path: Path, gid3: str, type3: str = "RoCE v2", state: str = "4: ACTIVE") -> str:
-    port = tmp_path / "class" / "infiniband" / "rocep1s0f1" / "ports" / "1"
-    for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
-        (port / sub).mkdir(parents=True)
-    (port / "state").write_text(state + "\n")
-    (port / "phys_state").write_text("5: LinkUp\n")
-    # As the kernel shows it: one entry per slot of an 8-entry table, the empty ones all zeros.
-    entries = {1: ("fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"), 3: (gid3, type3)}
-    for index in range(8):
-        gid, kind = entries.get(index, (":".join(["0000"] * 8), None))
-        (port / "gids" / str(index)).write_text(gid + "\n")
-        if kind:
-            (port / "gid_attrs" / "types" / str(index)).write_text(kind + "\n")
-            (port / "gid_attrs" / "ndevs" / str(index)).write_text("ring1\n")
+def test_nccl_gid_is_checked_as_nccl_picks_it(preflight, link_facts):
+    """PF-NCCL-GID: the address twin must give NCCL its IPv4 RoCE v2 GID, another twin a link-local one."""
+    v4 = link_facts.Gid(3, ipaddress.IPv6Address("::ffff:198.19.1.1"), "RoCE v2", "ring1")
+    v4_v1 = link_facts.Gid(2, ipaddress.IPv6Address("::ffff:198.19.1.1"), "IB/RoCE v1", "ring1")
+    ll = link_facts.Gid(0, ipaddress.IPv6Address("fe80::1"), "IB/RoCE v1", "ring1b")
+    stray = link_facts.Gid(3, ipaddress.IPv6Address("::ffff:198.19.1.3"), "RoCE v2", "ring1b")
+    assert preflight.judge_nccl_gid(1, PORT, 0, v4).status == "pass"
+    assert preflight.judge_nccl_gid(1, PORT, 1, ll).status == "pass"
+    for twin, gid, detail in (
+        (0, v4_v1, "NCCL would pick rocep1s0f1 port 1 index 2 = ::ffff:c613:101 (IB/RoCE v1); expected"),
+        (0, None, "NCCL would pick rocep1s0f1 port 1 no GID; expected the RoCE v2 GID of 198.19.1.1"),
+        (1, stray, "index 3 = ::ffff:c613:103 (RoCE v2); expected a link-local GID"),
+    ):
+        got = preflight.judge_nccl_gid(1, PORT, twin, gid)
+        _assert_fail_names(got, "PF-NCCL-GID", f"r1 cage1 <-> r2 cage1 ({PORT['twins'][twin]['interface']})")
+        assert detail in got.detail
+
+
+def test_nccl_gets_exactly_the_devices_preflight_checks(preflight):
+    """The launch gives NCCL every twin's RDMA device; preflight's PF-NCCL-GID covers each of them."""
+    from sparkring.cluster import load_cluster_file
+    from sparkring.hostvars import cluster_hostvars
+    from sparkring.launch_spec import network_env
+
+    root = Path(__file__).resolve().parents[3]
+    hostvars = cluster_hostvars(load_cluster_file(root / "inventories/example/ring4/cluster.yml"))
+    for rank_vars in hostvars.values():
+        env = network_env(rank_vars, hostvars["spark0"], "patched")
+        checked = [t["rdma_device"] for port in rank_vars["sparkring_ports"] for t in port["twins"]]
+        assert env["NCCL_IB_HCA"] == "=" + ",".join(checked)
+
+
+def _node(tmp_path: Path) -> str:
+    """A node's sysfs with cage 1's twins up at MTU 9000 and their RDMA ports (as a Spark shows them)."""
+    for iface in ("ring1", "ring1b"):
+        net = tmp_path / "class" / "net" / iface
+        net.mkdir(parents=True)
+        for name, value in (("operstate", "up"), ("carrier", "1"), ("mtu", "9000"), ("speed", "200000")):
+            (net / name).write_text(value + "\n")
+    link_local = {0: ("fe80:0000:0000:0000:5054:00ff:fe53:5201", "IB/RoCE v1"),
+                  1: ("fe80:0000:0000:0000:5054:00ff:fe53:5201", "RoCE v2")}  # fmt: skip
+    ipv4 = {3: ("0000:0000:0000:0000:0000:ffff:c613:0101", "RoCE v2")}
+    for device, netdev, entries in (
+        ("rocep1s0f1", "ring1", {**link_local, **ipv4}),
+        ("roceP2p1s0f1", "ring1b", link_local),
+    ):
+        port = tmp_path / "class" / "infiniband" / device / "ports" / "1"
+        for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+            (port / sub).mkdir(parents=True)
+        (port / "state").write_text("4: ACTIVE\n")
+        (port / "phys_state").write_text("5: LinkUp\n")
+        for index in range(8):
+            gid, kind = entries.get(index, (":".join(["0000"] * 8), None))
+            (port / "gids" / str(index)).write_text(gid + "\n")
+            if kind:
+                (port / "gid_attrs" / "types" / str(index)).write_text(kind + "\n")
+                (port / "gid_attrs" / "ndevs" / str(index)).write_text(netdev + "\n")
     return str(tmp_path)
 
 
-def _rdma_results(preflight, sysfs: str, gid_index):
-    params = {"rank": 1, "fabric": "verbs", "ports": [dict(PORT, gid_index=gid_index)]}
-    checker = preflight.Preflight(params, run=None, which=lambda name, required: name, sysfs=sysfs)
-    return checker, _by_id(checker._rdma())
+def test_every_twin_of_every_port_is_checked_by_the_shared_rules(preflight, tmp_path):
+    """On verbs each twin gets PF-LINK-*, PF-LINK-ADDR and PF-RDMA-*; the cable one jumbo ping."""
+    addresses = {"ring1": [{"family": "inet", "local": "198.19.1.1", "prefixlen": 24}], "ring1b": []}
 
+    def run(argv):
+        if argv[:3] == ["ip", "-j", "-4"]:
+            iface = argv[-1]
+            return 0, json.dumps([{"ifname": iface, "addr_info": addresses[iface]}]), ""
+        assert argv[0] == "ping" and argv[-1] == "198.19.1.2" and "-I" in argv and "ring1" in argv, argv
+        return 0, "2 packets transmitted, 2 received, 0% packet loss", ""
 
-@pytest.mark.parametrize("gid_index", ["auto", 3])
-def test_gid_auto_and_fixed_index(preflight, tmp_path, gid_index):
-    sysfs = _verbs_tree(tmp_path, "0000:0000:0000:0000:0000:ffff:c613:0101")
-    checker, results = _rdma_results(preflight, sysfs, gid_index)
-    assert results["PF-RDMA-PORT"].status == "pass"
-    assert results["PF-RDMA-GID"].status == "pass", results["PF-RDMA-GID"].detail
-    assert checker.gid_indices == {"ring1": 3}
-
-
-@pytest.mark.parametrize(
-    ("gid3", "type3", "gid_index", "expect"),
-    [
-        ("0000:0000:0000:0000:0000:ffff:c613:0199", "RoCE v2", 3, "expected ::ffff:c613:101"),
-        ("0000:0000:0000:0000:0000:ffff:c613:0101", "IB/RoCE v1", 3, "type IB/RoCE v1"),
-        ("0000:0000:0000:0000:0000:ffff:c613:0101", "IB/RoCE v1", "auto", "no RoCE v2 entry"),
-        ("0000:0000:0000:0000:0000:ffff:c613:0101", "RoCE v2", 5, "index 5 is empty"),
-        (
-            "0000:0000:0000:0000:0000:ffff:c613:0101",
-            "RoCE v2",
-            8,
-            "gid_index 8 is past the end of its GID table (gid_tbl_len 8): expected 0-7 or auto",
-        ),
-    ],
-)
-def test_gid_mismatch_fails(preflight, tmp_path, gid3, type3, gid_index, expect):
-    _checker, results = _rdma_results(preflight, _verbs_tree(tmp_path, gid3, type3), gid_index)
-    _assert_fail_names(results["PF-RDMA-GID"], "PF-RDMA-GID")
-    assert expect in results["PF-RDMA-GID"].detail
-
-
-def test_inactive_rdma_port_fails(preflight, tmp_path):
-    sysfs = _verbs_tree(tmp_path, "0000:0000:0000:0000:0000:ffff:c613:0101", state="1: DOWN")
-    _checker, results = _rdma_results(preflight, sysfs, "auto")
-    _assert_fail_names(results["PF-RDMA-PORT"], "PF-RDMA-PORT")
-    assert "DOWN" in results["PF-RDMA-PORT"].detail
+    params = {"rank": 1, "fabric": "verbs", "mtu": 9000, "link_speed_mbps": 200000, "ping_timeout_s": 2,
+              "ports": [PORT]}  # fmt: skip
+    checker = preflight.Preflight(params, run=run, which=lambda name, required: name, sysfs=_node(tmp_path))
+    results = checker._ports()
+    per_twin = (
+        "LINK-UP",
+        "LINK-SPEED",
+        "LINK-MTU",
+        "LINK-ADDR",
+        "RDMA-BIND",
+        "RDMA-PORT",
+        "RDMA-GID",
+        "NCCL-GID",
+    )
+    assert [(r.id, r.subject, r.status) for r in results] == [
+        *[(f"PF-{name}", "r1 cage1 <-> r2 cage1 (ring1)", "pass") for name in per_twin],
+        ("PF-JUMBO-PING", "r1 cage1 <-> r2 cage1 (ring1)", "pass"),
+        *[(f"PF-{name}", "r1 cage1 <-> r2 cage1 (ring1b)", "pass") for name in per_twin],
+    ], [r for r in results if r.status != "pass"]
+    nccl = [r.detail for r in results if r.id == "PF-NCCL-GID"]
+    assert nccl == [
+        "NCCL picks rocep1s0f1 port 1 index 3 = ::ffff:c613:101 (RoCE v2)",
+        "NCCL picks roceP2p1s0f1 port 1 index 0 = fe80::5054:ff:fe53:5201 (IB/RoCE v1) (link-local, rides with its cage)",
+    ]
+    assert checker.gid_indices == {"ring1": 3, "ring1b": 1}
 
 
 def test_listener_and_its_holder_are_found(preflight):
@@ -307,7 +273,10 @@ def test_docker_version_over_a_unix_socket(preflight, tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"ports": [dict(PORT, gid_index="three")]}, "gid_index: 'three' is neither a number nor 'auto'"),
+        (
+            {"ports": [dict(PORT, twins=[dict(PORT["twins"][0], gid_index="three")])]},
+            "twins[0].gid_index: 'three' is neither a number nor 'auto'",
+        ),
         ({"ports": [dict(PORT, colour="blue")]}, "colour"),
         ({"disk": [{"path": "var/lib", "min_free_gib": 1}]}, "not absolute"),
         ({"fabric": "ib"}, "fabric"),
@@ -332,5 +301,7 @@ def test_module_refuses_bad_arguments(preflight, capsys, change, message):
 def test_check_ids_are_documented(preflight):
     """docs/preflight.md's check table lists every check ID the module can emit."""
     page = (Path(__file__).resolve().parents[3] / "docs" / "preflight.md").read_text()
-    missing = [check for check in preflight.CHECK_IDS if f"| `{check}` |" not in page]
+    first_cells = [line.split("|")[1] for line in page.splitlines() if line.startswith("| `")]
+    documented = {cell.strip().strip("`") for row in first_cells for cell in row.split(", ")}
+    missing = [check for check in preflight.CHECK_IDS if check not in documented]
     assert not missing, f"docs/preflight.md lacks {missing}"

@@ -312,13 +312,18 @@ def test_checksum_sees_moved_words_and_zeros_and_both_paths_agree() -> None:
 
 def test_endpoint_record_round_trip_and_refusals() -> None:
     rec = EndpointRecord("verbs", 0, 1, 4, 0, 262144, 8, qpn=0x11, psn=0x22, rkey=0x33, addr=1 << 40, size=1 << 21,
-                         gid=bytes(10) + b"\xff\xff" + bytes([198, 19, 0, 1]))  # fmt: skip
+                         gid=bytes(10) + b"\xff\xff" + bytes([198, 19, 0, 1]), twin=1, twins=2)  # fmt: skip
     raw = rec.pack()
     assert len(raw) == RECORD_BYTES
     assert EndpointRecord.unpack(raw, "rank 0") == rec
     with pytest.raises(RendezvousError, match="rank 0: endpoint record checksum mismatch"):
-        EndpointRecord.unpack(raw[:20] + b"\x00" + raw[21:], "rank 0")
+        EndpointRecord.unpack(raw[:20] + bytes([raw[20] ^ 0xFF]) + raw[21:], "rank 0")
     with pytest.raises(RendezvousError, match="not a SparkRing endpoint"):
         EndpointRecord.unpack(b"HTTP" + raw[4:], "rank 0")
     with pytest.raises(RendezvousError, match=r"rank 0 at 10.0.0.1: endpoint record window=8, expected 16"):
-        check_record(rec, EndpointRecord("verbs", 0, 1, 4, 0, 262144, 16), "rank 0 at 10.0.0.1")
+        check_record(
+            rec, EndpointRecord("verbs", 0, 1, 4, 0, 262144, 16, twin=1, twins=2), "rank 0 at 10.0.0.1"
+        )
+    # Both ends of a cable must stripe over as many twins (the inventory says so; a node may not).
+    with pytest.raises(RendezvousError, match=r"endpoint record twins=2, expected 1"):
+        check_record(rec, EndpointRecord("verbs", 0, 1, 4, 0, 262144, 8), "rank 0 at 10.0.0.1")

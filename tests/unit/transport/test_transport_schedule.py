@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from transport import schedule
-from transport.topology import Port, RingSpec, cable_geometry, from_hostvars
+from transport.topology import Port, RingSpec, Twin, cable_geometry, from_hostvars
 
 
 def test_four_rank_matchings_follow_the_cages() -> None:
@@ -114,15 +114,16 @@ def test_from_hostvars_reads_the_contract_names() -> None:
         "sparkring_world_size": 4,
         "sparkring_ports": [
             {"cage": 0, "address": "198.19.2.2", "peer_rank": 2, "peer_address": "198.19.2.1",
-             "rdma_device": None, "rdma_port": None, "gid_index": None},
+             "twins": [{"rdma_device": None, "rdma_port": None, "gid_index": None}]},
             {"cage": 1, "address": "198.19.3.1", "peer_rank": 0, "peer_address": "198.19.3.2",
-             "rdma_device": "rocep1s0f1", "rdma_port": 1, "gid_index": 3},
+             "twins": [{"rdma_device": "rocep1s0f1", "rdma_port": 1, "gid_index": 3},
+                       {"rdma_device": "roceP2p1s0f1", "rdma_port": 1, "gid_index": None}]},
         ],
     }  # fmt: skip
     spec = from_hostvars(hostvars)
     assert spec.rank == 3 and spec.left == 2 and spec.right == 0
-    assert spec.port_to(2).gid_index == "auto"
-    assert spec.port_to(0).rdma_device == "rocep1s0f1" and spec.port_to(0).gid_index == 3
+    assert spec.port_to(2).twins == ()  # tcp: no RDMA devices
+    assert spec.port_to(0).twins == (Twin("rocep1s0f1", 1, 3), Twin("roceP2p1s0f1", 1, "auto"))
 
 
 def test_ring_halves_split_in_two_with_the_odd_element_first() -> None:
