@@ -6,17 +6,19 @@ rank 0. The pair lives beside the four-rank ring (its own namespaces, controller
 directory), so the ring stays up for the tests after this one; the pair is taken down afterwards,
 always.
 
-Lean on purpose (CI has two cores): what the four-rank ring's rank 0 already holds (the launch
-tests before this one build it) is given to the pair's rank 0 first, the runtime image and its
-fan-out archive, so the image stage neither builds nor exports and only fans the archive out over
-the cable; without them the stage builds and exports as on a fresh pair.
+Lean on purpose (CI has two cores): when the four-rank ring's rank 0 already holds the runtime
+image this checkout builds (the launch tests before this one build it), the pair's rank 0 gets it
+first, with its fan-out archive, so the image stage neither builds nor exports and only fans the
+archive out over the cable; otherwise the stage builds and exports as on a fresh pair.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,42 +33,51 @@ PAIR_API = "http://198.19.253.10:8000"
 PAIR_CONTROLLER = "sr-pair-ctl"
 
 
-def seed_head_image() -> list[str]:
-    """Give the pair's rank 0 what the ring's rank 0 holds: the runtime and base images, and the
-    fan-out archive of the runtime image (so the image stage neither builds nor exports again)."""
-    identity = SIM_RANKS / "r0" / "var-lib-sparkring" / "image" / "identity.json"
-    if not identity.is_file():
-        return []
-    held = json.loads(identity.read_text())
+def runtime_tag(run) -> str | None:
+    """The runtime image tag the image stage builds from this checkout (None when it cannot say yet)."""
+    cache = Path(os.environ.get("SPARKRING_IMAGE_CACHE", "/var/cache/sparkring-image"))
+    context = ["--flavor", "sim", "--out", str(cache / "context-sim"), "--dry-run"]
+    done = run([str(ROOT / ".venv/bin/python"), "images/build_context.py", *context])
+    return json.loads(done.stdout)["tag"] if done.returncode == 0 else None
+
+
+def seed_head_image(tag: str) -> None:
+    """Give the pair's rank 0 what the ring's rank 0 holds of `tag`: the runtime and base images and
+    the fan-out archive, so the pair's image stage neither builds nor exports them again."""
+    image_id = docker("r0", "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    if not image_id:
+        return
     listed = docker("r0", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
-    refs = [ref for ref in listed if ref == held["reference"] or ref.startswith("sparkring/sim-base:")]
-    if held["reference"] not in refs:
-        return []
-    save = subprocess.Popen(
-        ["docker", "-H", f"unix://{SIM_RANKS / 'r0' / 'run' / 'docker.sock'}", "save", *refs],
-        stdout=subprocess.PIPE,
-    )
-    load = subprocess.run(
-        ["docker", "-H", f"unix://{PAIR_RANKS / 'p0' / 'run' / 'docker.sock'}", "load"],
-        stdin=save.stdout,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
-    save.stdout.close()
-    assert save.wait(timeout=120) == 0 and load.returncode == 0, load.stderr
-    # The archive is named by the image ID, which docker save/load keeps.
-    archive = f"sparkring-image-{held['image_id'].split(':')[-1][:16]}.tar.zst"
-    source, dest = (
-        SIM_RANKS / "r0" / "var-lib-sparkring" / "images",
-        PAIR_RANKS / "p0" / "var-lib-sparkring" / "images",
-    )
+    refs = [tag, *(ref for ref in listed if ref.startswith("sparkring/sim-base:"))]
+    with tempfile.TemporaryFile() as errors:
+        save = subprocess.Popen(
+            ["docker", "-H", f"unix://{SIM_RANKS / 'r0' / 'run' / 'docker.sock'}", "save", *refs],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+        )
+        load = subprocess.run(
+            ["docker", "-H", f"unix://{PAIR_RANKS / 'p0' / 'run' / 'docker.sock'}", "load"],
+            stdin=save.stdout,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            check=False,
+        )
+        save.stdout.close()
+        saved = save.wait(timeout=120)
+        errors.seek(0)
+        assert saved == 0 and load.returncode == 0, f"{errors.read().decode()}\n{load.stderr}"
+    # The archive is named by the image ID, which docker save/load keeps; a hard link costs no space.
+    archive = f"sparkring-image-{image_id.split(':')[-1][:16]}.tar.zst"
+    source = SIM_RANKS / "r0" / "var-lib-sparkring" / "images"
+    dest = PAIR_RANKS / "p0" / "var-lib-sparkring" / "images"
     if (source / archive).is_file() and (source / f"{archive}.manifest.json").is_file():
         dest.mkdir(parents=True, exist_ok=True)
-        for name in (archive, f"{archive}.manifest.json"):
-            shutil.copy2(source / name, dest / name)
-    return refs
+        try:
+            os.link(source / archive, dest / archive)
+        except OSError:  # another filesystem
+            shutil.copy2(source / archive, dest / archive)
+        shutil.copy2(source / f"{archive}.manifest.json", dest / f"{archive}.manifest.json")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +88,9 @@ def pair(sim_ring):
     try:
         up = sim_ring(["ansible-playbook", "-i", PAIR, "playbooks/sim.yml"])
         assert up.returncode == 0, f"sim.yml on the pair failed:\n{up.stdout[-6000:]}\n{up.stderr[-2000:]}"
-        seed_head_image()
+        tag = runtime_tag(sim_ring)
+        if tag:
+            seed_head_image(tag)
         yield sim_ring
     finally:
         down = sim_ring(["ansible-playbook", "-i", PAIR, "playbooks/sim-down.yml"])
