@@ -50,7 +50,7 @@ def _end(
     gbit: float = 0.4,
 ) -> dict[str, Any]:
     """One end's module result: qualified, or failed with (check id, domain, detail)."""
-    checks = [{"id": "CQ-LINK", "status": "pass", "domain": "link", "detail": "up", "fix": ""}]
+    checks = [{"id": "CQ-LINK-UP", "status": "pass", "domain": "link", "detail": "up", "fix": ""}]
     verdict = {"status": status, "failure_domain": None, "fix": "", "reasons": []}
     if failed:
         check_id, domain, detail = failed
@@ -117,8 +117,10 @@ def test_the_most_basic_domain_of_either_end_names_the_edge():
     report = _report(
         _ring(
             {
-                ("r2", 0): _end(r2, failed=("CQ-JUMBO", "path", "DF ping of 8972 B to 198.19.2.2: no reply")),
-                ("r3", 0): _end(r3, failed=("CQ-MTU", "mtu", "MTU 1500, expected 9000")),
+                ("r2", 0): _end(
+                    r2, failed=("CQ-JUMBO-PING", "path", "DF ping of 8972 B to 198.19.2.2: no reply")
+                ),
+                ("r3", 0): _end(r3, failed=("CQ-LINK-MTU", "mtu", "MTU 1500, expected 9000")),
             }
         )
     )
