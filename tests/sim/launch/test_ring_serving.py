@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import random
 import re
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from launch_harness import (
+    HEAD_API,
     RANKS,
     ROOT,
     SIM_RANKS,
@@ -63,15 +65,57 @@ def wait_for_snapshots(before: dict[str, int], timeout_s: float = 120) -> dict[s
     raise TimeoutError(f"SparkCache snapshots per rank stayed {before} for {timeout_s}s")
 
 
+SERIES = re.compile(r"^(sparkring:\w+)\{([^}]*)\} (\S+)$", re.M)
+
+
+def metrics() -> dict[tuple[str, frozenset], float]:
+    """Rank 0's /metrics (vLLM's own endpoint), the sparkring:* series by name and labels."""
+    done = subprocess.run(
+        ["ip", "netns", "exec", "sr-ctl", "curl", "-sS", "--max-time", "30", f"{HEAD_API}/metrics"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return {
+        (name, frozenset(re.findall(r'(\w+)="([^"]*)"', labels))): float(value)
+        for name, labels, value in SERIES.findall(done.stdout)
+    }
+
+
+def moved(before: dict, after: dict, name: str, **labels: str) -> float:
+    """How far the series of `name` matching `labels` moved (summed over their other labels)."""
+    want = set(labels.items())
+
+    def total(scrape: dict) -> float:
+        return sum(v for (n, ls), v in scrape.items() if n == name and want <= ls)
+
+    return total(after) - total(before)
+
+
+def metrics_after_publication(before: dict, tries: int = 10) -> dict:
+    """A later step carries the publishers' counts to /metrics: complete until every rank's show."""
+    for _ in range(tries):
+        complete(PROMPTS[0], max_tokens=2)
+        after = metrics()
+        stored = [
+            moved(before, after, "sparkring:sparkcache_pages_total", event="stored", rank=r) for r in "0123"
+        ]
+        if min(stored) >= RESTORED // CHUNK_TOKENS:
+            break
+    return after
+
+
 def serve(launches: Launches, long: list[int], *extra: str) -> dict:
     done = launches.playbook("launch.yml", *extra)
     assert done.returncode == 0, f"launch failed:\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
+    scrape_before = metrics()
     texts = [complete(p, max_tokens=16)["choices"][0]["text"] for p in PROMPTS * 3]
     before = {host: len(snapshots(host)) for host in RANKS}
     long_text = complete(long, max_tokens=8)["choices"][0]["text"]
     return {
         "texts": texts,
         "long_text": long_text,
+        "metrics_before": scrape_before,
+        "metrics_after": metrics(),
         "snapshots_before": before,
         "dumps": dump_flight_recorders(),
         "logs": {host: container_log(host) for host in RANKS},
@@ -90,6 +134,7 @@ def runs(sim_ring, tmp_path_factory: pytest.TempPathFactory):
     try:
         custom = serve(launches, long, "-e", "launch_force=true")
         custom["snapshots_after"] = wait_for_snapshots(custom["snapshots_before"])
+        custom["metrics_published"] = metrics_after_publication(custom["metrics_before"])
         shadow_run = serve(launches, long, "-e", f"launch_profile_file={shadow}")
         yield {"custom": custom, "shadow": shadow_run}
     finally:
@@ -126,3 +171,30 @@ def test_every_rank_restores_the_long_prompt_after_the_replacement(runs) -> None
         loaded = LOADED.findall(runs["shadow"]["logs"][host])
         assert loaded and int(loaded[0][0]) == RESTORED, (host, runs["shadow"]["logs"][host][-3000:])
     assert runs["shadow"]["long_text"] == runs["custom"]["long_text"]
+
+
+def test_rank_0_metrics_show_the_ring_the_cables_and_sparkcache_moving(runs) -> None:
+    """vLLM's /metrics on rank 0 carries every rank's sparkring:* series (KV-connector stats hooks)."""
+    custom, shadow = runs["custom"], runs["shadow"]
+    before, after = custom["metrics_before"], custom["metrics_after"]
+    for rank in ("0", "1", "2", "3"):
+        ring = moved(
+            before, after, "sparkring:ring_collectives_total", op="all_reduce", path="ring", rank=rank
+        )
+        assert ring > 100, (rank, ring)
+        for peer in {str((int(rank) + 1) % 4), str((int(rank) + 3) % 4)}:
+            assert moved(before, after, "sparkring:transport_bytes_total", link=f"{rank}->{peer}") > 0
+        stored = moved(
+            before, custom["metrics_published"], "sparkring:sparkcache_pages_total", event="stored", rank=rank
+        )
+        assert stored >= RESTORED // CHUNK_TOKENS, (rank, stored)
+    assert moved(before, after, "sparkring:transport_errors_total") == 0
+    assert moved(before, after, "sparkring:shadow_comparisons_total") == 0  # custom mode compares nothing
+    before, after = shadow["metrics_before"], shadow["metrics_after"]
+    assert moved(before, after, "sparkring:shadow_comparisons_total", op="all_reduce") > 100
+    assert moved(before, after, "sparkring:shadow_mismatches_total") == 0
+    for rank in ("0", "1", "2", "3"):
+        for event in ("verified", "restored"):
+            pages = moved(before, after, "sparkring:sparkcache_pages_total", event=event, rank=rank)
+            assert pages == RESTORED // CHUNK_TOKENS, (rank, event, pages)
+        assert moved(before, after, "sparkring:sparkcache_restore_bytes_total", rank=rank) > 0

@@ -18,7 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sparkcache_vllm_harness import VllmServer, ensure_sim_model, metric_total, vllm_missing_reason, wait_for
+from sparkcache_vllm_harness import (
+    VllmServer,
+    ensure_sim_model,
+    metric_total,
+    sample,
+    vllm_missing_reason,
+    wait_for,
+)
 
 from sparkcache import CHUNK_TOKENS
 from sparkcache.chunks import chunk_keys
@@ -80,6 +87,14 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     with VllmServer(model, work / "a", args) as server:
         cold = [server.complete(p)["text"] for p in prompts()]
         wait_for(lambda: len(manifests(root)) == 3, 120, "three published snapshots")
+        every_page = 3 * (PROMPT_TOKENS // CHUNK_TOKENS)
+
+        def counted() -> bool:  # a later step carries the publisher's counts to /metrics
+            server.complete(prompts()[0][:8])
+            stored = sample(server.metrics(), "sparkring:sparkcache_pages_total", event="stored", rank="0")
+            return stored == every_page
+
+        wait_for(counted, 60, f"rank 0's /metrics counting {every_page} stored pages")
         log = server.log()
     assert log.count("SparkCache: snapshot") == 3 and "published" in log
     assert loaded_lines(log) == []  # nothing to restore on a cold store
@@ -101,7 +116,15 @@ def test_restart_restores_verified_prefix_and_recomputes_a_bad_page(published: d
         hits_after_p1 = metric_total(server.metrics(), "vllm:external_prefix_cache_hits_total")
         recomputed = server.complete(p2)["text"]
         zeroed = server.complete(p3)["text"]
+        metrics = server.metrics()
         log = server.log()
+    pages = {
+        event: sample(metrics, "sparkring:sparkcache_pages_total", event=event, rank="0")
+        for event in ("verified", "restored", "quarantined")
+    }
+    # p1: 3 pages; p2: 2 good pages then its bad last one; p3: 3 pages (zeroed KV, valid checksums).
+    assert pages == {"verified": 8, "restored": 8, "quarantined": 1}, pages
+    assert sample(metrics, "sparkring:sparkcache_restore_bytes_per_second", rank="0") > 0
     assert restored == cold[0], log[-3000:]
     assert hits_after_p1 == RESTORED
     assert loaded_lines(log)[0] == f"SparkCache: loaded {RESTORED} tokens (3 page(s) verified)"
