@@ -23,6 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def own_argv() -> list[str]:
+    """This process's command line as it was typed: a benchmark runs as a module (`-m benchmarks.x.y`),
+    and then sys.argv[0] is the module's file, which would not run again as a script."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return [*(["-m", spec.name] if spec is not None else sys.argv[:1]), *sys.argv[1:]]
+
+
 def load_average() -> dict[str, float]:
     """The 1, 5 and 15 minute load averages, rounded (the run queue the benchmark shared the cores with)."""
     one, five, fifteen = os.getloadavg()
@@ -103,7 +110,7 @@ class RunProvenance:
         """Read the facts now; ``argv`` defaults to this process's own (interpreter and script included)."""
         commit, dirty = git_commit()
         return cls(
-            command=shlex.join([sys.executable, *(sys.argv if argv is None else argv)]),
+            command=shlex.join([sys.executable, *(own_argv() if argv is None else argv)]),
             git_commit=commit,
             git_dirty=dirty,
             cpu_cores=os.cpu_count() or 0,

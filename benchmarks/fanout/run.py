@@ -1,8 +1,8 @@
 """Fan-out benchmark on the simulated ring: pipelined two-direction fan-out vs one link copy.
 
-    sudo .venv/bin/python benchmarks/fanout/run.py --out benchmarks/results/fanout-<lane>.json \
+    sudo .venv/bin/python -m benchmarks.fanout.run --out benchmarks/results/fanout-<lane>.json \
         [--size-mib 96] [--rate-mbit 400] [--repeats 3] [--private-ring]
-    .venv/bin/python benchmarks/fanout/run.py --out benchmarks/results/fanout-<lane>.json --replot
+    .venv/bin/python -m benchmarks.fanout.run --out benchmarks/results/fanout-<lane>.json --replot
 
 Every ring link (both ends of all four cables) is shaped by tc tbf to the same rate. In the same
 run, with the same agent code and verification, it times:
@@ -29,12 +29,20 @@ import statistics
 import sys
 from pathlib import Path
 
-from netns_ring import inventory_hostvars, pair_links, private_ring, ring_links, run_agents, shape, unshape
+from sparkring.module_utils import load_module_utils
+
+from benchmarks.fanout.netns_ring import (
+    inventory_hostvars,
+    pair_links,
+    private_ring,
+    ring_links,
+    run_agents,
+    shape,
+    unshape,
+)
+from benchmarks.provenance import RunProvenance, load_average
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.provenance import RunProvenance, load_average  # noqa: E402
 
 WORK = Path("/tmp/im-bench-fanout")
 
@@ -42,10 +50,7 @@ WORK = Path("/tmp/im-bench-fanout")
 def load_fanout():
     """The fan-out module_utils imported as the agent script imports it (its siblings resolve from
     module_utils/, as Ansible's would from ansible.module_utils)."""
-    sys.path.insert(0, str(ROOT / "module_utils"))
-    import sparkring_fanout
-
-    return sparkring_fanout
+    return load_module_utils("sparkring_geometry", "sparkring_integrity", "sparkring_fanout")
 
 
 def fresh_dirs(case: str, hosts: list[str], source: Path) -> dict[str, Path]:

@@ -1,6 +1,6 @@
 """GPU ring collectives vs NCCL: all-reduce latency, eager and CUDA-graph-replayed (device lane).
 
-    python3 benchmarks/gpu_transport/bench.py [--world 2] [--rounds 3] [--variant-sweep] [--out FILE]
+    python3 -m benchmarks.gpu_transport.bench [--world 2] [--rounds 3] [--variant-sweep] [--out FILE]
 
 Writes FILE (default benchmarks/results/gpu_transport.json) and its plot, and appends the run
 to FILE's history (gpu_transport-history.jsonl). With fewer GPUs than ranks, start MPS first
@@ -37,11 +37,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from benchmarks.history import append_run, history_path
+from benchmarks.provenance import RunProvenance, load_average
 
-from benchmarks.history import append_run, history_path  # noqa: E402
-from benchmarks.provenance import RunProvenance, load_average  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 PEERS = ("ring", "nccl_socket", "nccl_nvlink")

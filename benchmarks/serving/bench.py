@@ -29,9 +29,9 @@ takes minutes) and the next call continues the same run where it stopped, when i
 sizes, commit) is the same; otherwise it starts a new run, and the unfinished one stays in the
 log, never reported. The results file (and its plot) is written when a run has every deployment.
 
-    sudo .venv/bin/python benchmarks/serving/bench.py --target sim [--per-side 3] [--rounds 3] [--deployments 4]
-    .venv/bin/python benchmarks/serving/bench.py --target loopback --world 4
-    .venv/bin/python benchmarks/serving/bench.py --target sim --replot
+    sudo .venv/bin/python -m benchmarks.serving.bench --target sim [--per-side 3] [--rounds 3] [--deployments 4]
+    .venv/bin/python -m benchmarks.serving.bench --target loopback --world 4
+    .venv/bin/python -m benchmarks.serving.bench --target sim --replot
 """
 
 from __future__ import annotations
@@ -49,27 +49,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [
-    str(REPO / "tests" / "vllm" / "overlay"),
-    str(REPO / "tests" / "sim" / "launch"),
-    str(REPO / "tests"),
-    str(REPO / "plugins"),
-    str(REPO),
-]
+from sparkring.cluster import load_cluster_file
+from sparkring.hostvars import cluster_hostvars
 
-from conftest import run_project  # noqa: E402
-from launch_harness import (  # noqa: E402
-    HEAD_API,
-    SECRETS,
-    Launches,
-    container_log,
-    docker,
-    dump_flight_recorders,
-    profile_variant,
-)
-from overlay_vllm_harness import PROMPTS, VllmRing, sim_model, vllm_missing_reason  # noqa: E402
-from runs import (  # noqa: E402
+from benchmarks.history import append_run
+from benchmarks.provenance import RunProvenance, load_average, utc_now
+from benchmarks.serving.runs import (
     OVERLAY,
     SCHEMA,
     STOCK,
@@ -85,19 +70,30 @@ from runs import (  # noqa: E402
     summarize,
     write_results,
 )
-from sim_network import bytes_sent_since, interface_bytes, management_over_ring, route_device  # noqa: E402
-from sparkring.cluster import load_cluster_file  # noqa: E402
-from sparkring.hostvars import cluster_hostvars  # noqa: E402
-from stream_client import stream  # noqa: E402
+from benchmarks.serving.sim_network import (
+    bytes_sent_since,
+    interface_bytes,
+    management_over_ring,
+    route_device,
+)
+from benchmarks.serving.stream_client import stream
+from tests.conftest import run_project
+from tests.sim.launch.launch_harness import (
+    HEAD_API,
+    SECRETS,
+    Launches,
+    container_log,
+    docker,
+    dump_flight_recorders,
+    profile_variant,
+)
+from tests.vllm.overlay.overlay_vllm_harness import PROMPTS, VllmRing, sim_model, vllm_missing_reason
 
-from benchmarks.history import append_run  # noqa: E402
-from benchmarks.provenance import RunProvenance, load_average, utc_now  # noqa: E402
-
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = {
     "loopback": REPO / "benchmarks" / "results" / "serving-loopback.json",
     "sim": REPO / "benchmarks" / "results" / "serving.json",
 }
-STREAM_CLIENT = Path(__file__).resolve().parent / "stream_client.py"
 CONTROLLER_NS = "sr-ctl"
 LONG_PROMPT = "\n".join(PROMPTS) * 12  # 962 tokens (tiny model): under the sim's MAX_MODEL_LEN 2048
 
@@ -146,8 +142,8 @@ def stream_in_controller(
     """stream_client.py run in the controller namespace: the request on stdin, the timings on stdout."""
     request = {"url": url, "model": model, "prompt": prompt, "max_tokens": max_tokens, "api_key": api_key}
     done = subprocess.run(
-        ["ip", "netns", "exec", CONTROLLER_NS, sys.executable, str(STREAM_CLIENT)],
-        input=json.dumps(request), capture_output=True, text=True, timeout=900, check=False,
+        ["ip", "netns", "exec", CONTROLLER_NS, sys.executable, "-m", "benchmarks.serving.stream_client"],
+        input=json.dumps(request), capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(

@@ -4,7 +4,7 @@ The client itself is module_utils/sparkring_stream.py (the acceptance cells run 
 rank 0); this file is its command line and the benchmark's import, so that the sim ring's client
 can run inside the controller's network namespace, the only place rank 0's API is reachable from:
 
-    ip netns exec sr-ctl .venv/bin/python benchmarks/serving/stream_client.py < request.json
+    ip netns exec sr-ctl .venv/bin/python -m benchmarks.serving.stream_client < request.json
 
 The request (url, model, prompt, max_tokens, optional api_key) comes on stdin, so the API key is
 never in an argv; one JSON line of timings goes to stdout. A failed request raises (the
@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "module_utils"))
+from sparkring.module_utils import load_module_utils
 
-import sparkring_stream
+sparkring_stream = load_module_utils("sparkring_stream")
 
 TIMINGS = ("ttft_s", "total_s", "completion_tokens", "prompt_tokens")
 

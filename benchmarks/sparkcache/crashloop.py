@@ -5,7 +5,7 @@ fast as it can; the parent kills it with SIGKILL at a random instant, reopens th
 the next writer would (discovery plus leftover removal) and reads back every page of every
 snapshot it finds. Any snapshot with a missing or unverifiable page is a failure.
 
-    python benchmarks/sparkcache/crashloop.py --iterations 100 --root /var/tmp/sc-crash
+    python -m benchmarks.sparkcache.crashloop --iterations 100 --root /var/tmp/sc-crash
 """
 
 import argparse

@@ -9,7 +9,7 @@ Each is measured twice: from host memory (the copy alone) and from disk (a cold 
 read + sha256 + copy, page cache dropped with posix_fadvise(DONTNEED) before each round), of
 one long context published turn by turn and restored by one request, as in run.py.
 
-    PYTHONPATH=. python3 benchmarks/sparkcache/gpu_restore.py --out OUT.json [--mib 512]
+    python3 -m benchmarks.sparkcache.gpu_restore --out OUT.json [--mib 512]
     (in a copy without .git, such as the device lane's, set SPARKRING_SOURCE_COMMIT=<sha>[+dirty])
 
 Needs torch with CUDA and a GPU; prints a reason and exits 0 otherwise.
@@ -24,17 +24,13 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks.* (not an installed package)
-
-import run
-
 from benchmarks.provenance import RunProvenance
+from benchmarks.sparkcache import run
 
 try:
     import torch

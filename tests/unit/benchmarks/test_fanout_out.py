@@ -1,4 +1,4 @@
-"""benchmarks/fanout/run.py writes the results it is told to (--out), never a fixed name."""
+"""`python -m benchmarks.fanout.run` writes the results it is told to (--out), never a fixed name."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT / "benchmarks" / "fanout" / "run.py"
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "benchmarks.fanout.run", *argv], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)  # fmt: skip
 
 
 def test_the_results_file_must_be_named() -> None:
@@ -35,8 +35,6 @@ def test_replot_draws_beside_the_file_it_is_told(tmp_path: Path) -> None:
 
 def test_the_benchmark_loads_the_fan_out_code_it_measures() -> None:
     # The agent's module_utils import their siblings; the benchmark must resolve them as the agent does.
-    probe = "import run; fan = run.load_fanout(); print(fan.build_manifest.__module__)"
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=SCRIPT.parent, capture_output=True, text=True, timeout=60
-    )
+    probe = "from benchmarks.fanout import run; fan = run.load_fanout(); print(fan.build_manifest.__module__)"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "sparkring_fanout", done.stderr

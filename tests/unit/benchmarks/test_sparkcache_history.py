@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,13 +15,9 @@ KEPT = ROOT / "benchmarks" / "results" / "sparkcache-history.jsonl"
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(ROOT / "benchmarks" / "sparkcache"))
-    spec = importlib.util.spec_from_file_location(
-        "sparkcache_bench_run", ROOT / "benchmarks/sparkcache/run.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks.sparkcache import run
+
+    return run
 
 
 def a_run(ratio: float, code: dict | None) -> dict:

@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def load_module_utils(name: str):
-    """Import a module_utils file the way a node sees it: a plain stdlib module."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "module_utils" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from sparkring.module_utils import load_module_utils
 
 
 @pytest.fixture(scope="session")
 def fanout():
-    load_module_utils("sparkring_geometry")  # what the fan-out imports, as a script would find them
-    load_module_utils("sparkring_integrity")
-    return load_module_utils("sparkring_fanout")
+    # what the fan-out imports by name first, as a script beside them would find them
+    return load_module_utils("sparkring_geometry", "sparkring_integrity", "sparkring_fanout")
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-# Where sys.path edits are allowed: tests' own fixtures, and benchmarks that reuse a test harness.
-ALLOWED = ("tests/", "benchmarks/")
+# Where sys.path edits are allowed: tests' own fixtures. Benchmarks run as modules from the
+# repository root (`python -m benchmarks.x.y`), so `benchmarks.*` and test harnesses (`tests.*`) resolve.
+ALLOWED = ("tests/",)
 SYS_PATH_EDIT = re.compile(r"sys\.path\.(insert|append|extend)\(|sys\.path\[[^\]]*\]\s*=|sys\.path\s*[+]?=")
 
 

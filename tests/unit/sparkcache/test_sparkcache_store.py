@@ -4,7 +4,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -281,8 +280,7 @@ def test_crash_leftovers_are_removed_on_open(store: SparkCacheStore) -> None:
 
 def test_kill_9_during_publication_leaves_only_verified_snapshots(tmp_path: Path) -> None:
     """The benchmark's crash loop, 8 kills here (the benchmark runs >= 100)."""
-    sys.path.insert(0, str(REPO / "benchmarks" / "sparkcache"))
-    import crashloop
+    from benchmarks.sparkcache import crashloop
 
     result = crashloop.run(tmp_path / "crash", iterations=8)
     assert result["failures"] == 0, result["failure_details"]
