@@ -401,6 +401,14 @@ def round_ratio(row: dict) -> float:
     return row.get("restore_ratio_vs_raw_read") or row["restore_MBps"] / row["raw_read_MBps"]
 
 
+def run_label(row: dict) -> str:
+    """A run's tick: when it started, its cores and the load over its rounds (what it shared the cores with)."""
+    loads = [load for load in row["load_avg_by_round"] if load is not None]
+    load = f"load {min(loads):.1f}-{max(loads):.1f}" if loads else "load ?"
+    when = (row["started_utc"] or "?")[:16].replace("T", "\n")
+    return f"{when}\n{row['cpu_cores'] or '?'} cores, {load}"
+
+
 def plot(report: dict, runs: list[dict], path: Path) -> None:
     """Every round of every kept run (the spread), each run's median, the headline and the target."""
     import matplotlib
@@ -416,14 +424,12 @@ def plot(report: dict, runs: list[dict], path: Path) -> None:
         ax.plot([x - 0.3, x + 0.3], [run["restore_ratio_vs_raw_read"]] * 2, "-", color=color, linewidth=2)
     ax.axhline(report["restore_ratio_vs_raw_read"], color="#2a7ab0", linestyle="-", linewidth=0.8)
     ax.axhline(report["target_ratio_vs_raw_read"], color="#c0504d", linestyle="--", linewidth=0.8)
-    ax.set_xticks(
-        range(len(runs)), [(row["started_utc"] or "?")[:16].replace("T", "\n") for row in report["runs"]]
-    )
+    ax.set_xticks(range(len(runs)), [run_label(row) for row in report["runs"]])
     ax.tick_params(axis="x", labelsize=7)
     ax.set_ylabel("restore / raw read (MB/s ratio)")
     ax.set_title(
-        f"SparkCache restore of one long context vs raw read: headline {report['restore_ratio_vs_raw_read']} "
-        f"(median of {report['runs_in_headline']} runs, blue; grey: other code); dots: rounds; "
+        f"SparkCache restore of one long context vs raw read: headline {report['restore_ratio_vs_raw_read']}\n"
+        f"(median of {report['runs_in_headline']} runs of this code, blue; grey: other code); dots: rounds; "
         f"dashed: target {report['target_ratio_vs_raw_read']}",
         fontsize=8,
     )
