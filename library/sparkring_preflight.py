@@ -96,6 +96,20 @@ options:
     description: Seconds to wait for each ping reply.
     type: int
     default: 2
+  models:
+    description:
+      - The models the launch profile serves as the C(sparkring_model_pins) filter pins them (C(name),
+        C(revision), C(path), C(files) with each file's C(path), C(size) and C(sha256)). PF-MODEL-LAYOUT
+        and PF-MODEL-MANIFEST check each on this rank; none given, they are skipped.
+    type: list
+    elements: dict
+    default: []
+  model_required:
+    description:
+      - Fail PF-MODEL-* when a model directory is missing or differs from its pin. False (site.yml, whose
+        model stage runs after preflight and fills or repairs it) reports those as skips naming what differs.
+    type: bool
+    default: true
 extends_documentation_fragment:
   - action_common_attributes
   - sparkring_ring_port.ports
@@ -183,6 +197,8 @@ from ansible.module_utils.sparkring_link_facts import (
     read_link,
     route_to,
 )
+from ansible.module_utils.sparkring_model import layout as model_layout
+from ansible.module_utils.sparkring_model import layout_problems, record_problems
 from ansible.module_utils.sparkring_ring_checks import (
     RING_PORT_OPTIONS,
     Check,
@@ -212,6 +228,8 @@ CHECK_IDS = (
     "PF-RDMA-GID",
     "PF-NCCL-GID",
     "PF-GPU",
+    "PF-MODEL-LAYOUT",
+    "PF-MODEL-MANIFEST",
 )
 GIB = 1024**3
 # /proc/net state codes of a listening TCP socket and a bound UDP socket.
@@ -370,6 +388,33 @@ def judge_gpu(rank: int, require: bool, found: str | None, error: str | None) ->
     )
 
 
+def judge_model(
+    rank: int, model: dict[str, Any], check: str, problems: list[str] | None, detail: str, required: bool
+) -> Check:
+    """PF-MODEL-LAYOUT or PF-MODEL-MANIFEST of one model: pass, or what differs (a skip when the
+    model stage still runs after preflight and puts it right)."""
+    subject = f"r{rank} {model['path']}"
+    what = f"{model['name']} {model['revision']}"
+    if problems is None:
+        found = f"{model['path']} does not exist"
+    elif problems:
+        shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
+        found = f"{model['path']} is not {what} as pinned: {shown}"
+    else:
+        return passed(check, subject, detail)
+    if not required:
+        return skipped(
+            check, subject, f"{found}; the model stage after preflight (site.yml) puts {what} there"
+        )
+    return failed(
+        check,
+        subject,
+        found,
+        "run the model stage (ansible-playbook playbooks/model.yml): it obtains the pinned files once and "
+        "re-sends only what differs",
+    )
+
+
 # ---- fact readers that are preflight's own (not link facts) ----
 
 
@@ -517,6 +562,7 @@ class Preflight:
         out += self._free_ports()
         out.append(self._container_engine())
         out.append(self._gpu())
+        out += self._models()
         order = {check: index for index, check in enumerate(CHECK_IDS)}
         return sorted(out, key=lambda result: order[result.id])
 
@@ -634,6 +680,39 @@ class Preflight:
         error = None if rc == 0 else (err or out).strip()[:200] or f"exit {rc}"
         return judge_gpu(self.rank, True, "; ".join(gpus) or None, error)
 
+    def _models(self) -> list[Check]:
+        """PF-MODEL-LAYOUT (names and sizes) and PF-MODEL-MANIFEST (the model stage's verified record)."""
+        if not self.p["models"]:
+            return [
+                skipped(check, f"r{self.rank}", "no models given (preflight_models)")
+                for check in ("PF-MODEL-LAYOUT", "PF-MODEL-MANIFEST")
+            ]
+        out, required = [], self.p["model_required"]
+        for model in self.p["models"]:
+            where = model_layout(model["path"])
+            files = model["files"]
+            if not os.path.lexists(where.path):
+                out.append(judge_model(self.rank, model, "PF-MODEL-LAYOUT", None, "", required))
+                out.append(judge_model(self.rank, model, "PF-MODEL-MANIFEST", None, "", required))
+                continue
+            layout = layout_problems(where.path, files)
+            size = sum(int(f["size"]) for f in files)
+            out.append(
+                judge_model(
+                    self.rank, model, "PF-MODEL-LAYOUT", layout,
+                    f"{len(files)} pinned files, {size} bytes, sizes as pinned, nothing else", required,
+                )
+            )  # fmt: skip
+            digest, problems = record_problems(where, files)
+            out.append(
+                judge_model(
+                    self.rank, model, "PF-MODEL-MANIFEST", problems,
+                    f"manifest {digest} of {model['name']} {model['revision']}, verified by the model stage; "
+                    "no file changed since", required,
+                )
+            )  # fmt: skip
+        return out
+
 
 def _check_arguments(module: AnsibleModule) -> None:
     """Refuse what argument_spec cannot express, naming the field and the fix."""
@@ -689,6 +768,8 @@ def main() -> None:
             "cluster_name": {"type": "str"},
             "require_gpu": {"type": "bool", "default": False},
             "ping_timeout_s": {"type": "int", "default": 2},
+            "models": {"type": "list", "elements": "dict", "default": []},
+            "model_required": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )

@@ -305,3 +305,59 @@ def test_check_ids_are_documented(preflight):
     documented = {cell.strip().strip("`") for row in first_cells for cell in row.split(", ")}
     missing = [check for check in preflight.CHECK_IDS if check not in documented]
     assert not missing, f"docs/preflight.md lacks {missing}"
+
+
+def _model(tmp_path: Path):
+    """A model directory as the model stage leaves it (files, record beside it) and its pin."""
+    from ansible.module_utils import sparkring_fanout as fanout
+    from ansible.module_utils import sparkring_model as model
+    from ansible.module_utils.sparkring_integrity import sha256_file
+
+    top = tmp_path / "models" / "tiny"
+    top.mkdir(parents=True)
+    (top / "config.json").write_text('{"layers": 2}\n')
+    (top / "model.safetensors").write_bytes(os.urandom(70_000))
+    files = [
+        {"path": p.name, "size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(top.iterdir())
+    ]
+    manifests = [fanout.build_manifest(str(top / f["path"]), 1 << 16).to_dict() for f in files]
+    model.write_record(model.layout(str(top)), {"name": "tiny", "revision": "tiny-v1"}, manifests)
+    pin = {"name": "tiny", "revision": "tiny-v1", "path": str(top), "files": files}
+    return top, pin
+
+
+def _model_results(preflight, pin, required=True):
+    params = {"rank": 2, "ports": [], "models": [pin], "model_required": required}
+    return _by_id(preflight.Preflight(params, run=None, which=lambda name, required: name)._models())
+
+
+def test_a_staged_model_passes_layout_and_manifest(preflight, tmp_path):
+    top, pin = _model(tmp_path)
+    results = _model_results(preflight, pin)
+    assert results["PF-MODEL-LAYOUT"].status == "pass" and results["PF-MODEL-LAYOUT"].subject == f"r2 {top}"
+    assert results["PF-MODEL-MANIFEST"].status == "pass"
+    assert "verified by the model stage" in results["PF-MODEL-MANIFEST"].detail
+
+
+def test_a_changed_file_fails_the_manifest_and_an_extra_file_the_layout(preflight, tmp_path):
+    top, pin = _model(tmp_path)
+    with open(top / "model.safetensors", "r+b") as handle:
+        handle.write(b"\xff")
+    (top / "notes.txt").write_text("extra\n")
+    results = _model_results(preflight, pin)
+    _assert_fail_names(results["PF-MODEL-MANIFEST"], "PF-MODEL-MANIFEST", f"r2 {top}")
+    assert "model.safetensors: changed since it was verified" in results["PF-MODEL-MANIFEST"].detail
+    _assert_fail_names(results["PF-MODEL-LAYOUT"], "PF-MODEL-LAYOUT", f"r2 {top}")
+    assert "notes.txt: not in the manifest" in results["PF-MODEL-LAYOUT"].detail
+    assert "playbooks/model.yml" in results["PF-MODEL-LAYOUT"].fix
+
+
+def test_before_the_model_stage_a_missing_model_is_a_skip_that_says_why(preflight, tmp_path):
+    pin = {"name": "tiny", "revision": "tiny-v1", "path": str(tmp_path / "absent"), "files": []}
+    required = _model_results(preflight, pin)
+    assert {r.status for r in required.values()} == {"fail"}
+    early = _model_results(preflight, pin, required=False)
+    assert {r.status for r in early.values()} == {"skip"}
+    assert "does not exist; the model stage after preflight (site.yml) puts tiny tiny-v1 there" in (
+        early["PF-MODEL-LAYOUT"].detail
+    )
