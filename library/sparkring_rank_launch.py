@@ -13,9 +13,13 @@ description:
   - Runs on one rank with the spec that C(sparkring_rank_spec) rendered on the controller (the exact
     C(docker run) argv, env, mounts, labels). Nothing here re-renders or edits the argv.
   - I(state=attested) writes the rank's attestation record (image ID, sha256 of the NCCL library and of
-    the transport, overlay and SparkCache packages as found INSIDE the image, mounts with a manifest
-    digest of read-only directories, environment with secrets redacted, full argv, profile hash) under
-    I(attest_dir) and returns it.
+    the transport, overlay and SparkCache packages as found INSIDE the image, mounts with the sha256 of
+    read-only files and the manifest digest of each model directory, environment with secrets redacted,
+    full argv, profile hash) under I(attest_dir) and returns it.
+  - A model directory's digest is the one the model stage verified (full sha256 of every file, kept in
+    its record beside the directory); it counts only while every file is the very file verified (stat
+    stamp unchanged) and the directory holds nothing else, and the record's files must be the lock's
+    pin for that model (I(models)). Otherwise the rank refuses to attest, naming the files.
   - I(state=started) first compares the records of all ranks (I(attestations)); any field that is not
     rank-specific and differs fails the module naming the field and the ranks, before anything changes.
     It then keeps the previous container (stopped, renamed C(<name>-previous)) and runs the new one.
@@ -39,6 +43,14 @@ options:
     required: true
   attestations:
     description: Every rank's record from I(state=attested) (I(state=started) only).
+    type: list
+    elements: dict
+    default: []
+  models:
+    description:
+      - The models the profile serves as the C(sparkring_model_pins) filter pins them, each with C(name),
+        C(revision), C(path) and C(files) (each C(path), C(size), C(sha256)). Every read-only directory
+        mount must be one of these paths.
     type: list
     elements: dict
     default: []
@@ -169,8 +181,8 @@ from ansible.module_utils.sparkring_attest import (
     redact_argv,
 )
 from ansible.module_utils.sparkring_integrity import redact_env
+from ansible.module_utils.sparkring_model import layout, record_problems
 
-MANIFEST_HASH_LIMIT = 64 * 1024 * 1024
 SHOWN_PROBLEMS = 12
 
 
@@ -286,23 +298,28 @@ class RankLauncher:
         probe.pop("python")
         return probe
 
-    def mount_manifest(self, source: str) -> str | None:
-        """Digest of a read-only mount: a file's sha256, or for a directory its names, sizes and
-        (for files up to 64 MiB) contents. Cheap on multi-GB checkpoints, and a different model
-        copy on one rank still shows."""
+    def mount_manifest(self, source: str) -> str:
+        """A read-only mount's content digest: a file's sha256, or the manifest digest the model stage
+        verified for a model directory (every file's full sha256, trusted while its stamp holds)."""
         if os.path.isfile(source):
             return self.module.sha256(source)
-        if not os.path.isdir(source):
-            return None
-        lines = []
-        for folder, dirs, files in os.walk(source):
-            dirs.sort()
-            for name in sorted(files):
-                path = os.path.join(folder, name)
-                size = os.path.getsize(path)
-                content = self.module.sha256(path) if size <= MANIFEST_HASH_LIMIT else "size-only"
-                lines.append(f"{os.path.relpath(path, source)}\0{size}\0{content}")
-        return digest(lines)
+        models = {os.path.normpath(model["path"]): model for model in self.params["models"]}
+        model = models.get(os.path.normpath(source))
+        rank = self.spec["rank"]
+        if model is None:
+            self.module.fail_json(
+                msg=f"mounts: {source} is a read-only directory on rank {rank} that no pinned model describes; "
+                "only the profile's MODEL_PATH/DRAFT_PATH are mounted read-only (models from sparkring_model_pins)"
+            )
+        manifest, problems = record_problems(layout(source), model["files"])
+        if problems:
+            shown = "; ".join(problems[:SHOWN_PROBLEMS])
+            self.module.fail_json(
+                msg=f"mounts: {source} on rank {rank} is not the verified {model['name']} {model['revision']} "
+                f"({shown}); run the model stage (playbooks/model.yml), which re-sends what differs",
+                problems=problems,
+            )
+        return manifest
 
     def mounts(self) -> list[dict]:
         described = []
@@ -311,7 +328,7 @@ class RankLauncher:
                 if mount["read_only"]:
                     self.module.fail_json(
                         msg=f"mounts: {mount['source']} (for {mount['target']}) does not exist on rank "
-                        f"{self.spec['rank']}; put it there first (the model copy, or the build stage's "
+                        f"{self.spec['rank']}; put it there first (the model stage, or the build stage's "
                         "overlay role for the ring spec)"
                     )
                 continue  # a writable cache directory is created by docker on first start
@@ -470,6 +487,7 @@ def main() -> None:
             },
             "spec": {"type": "dict", "required": True},
             "attestations": {"type": "list", "elements": "dict", "default": []},
+            "models": {"type": "list", "elements": "dict", "default": []},
             "expected_image_id": {"type": "str", "default": ""},
             "force": {"type": "bool", "default": False},
             "failed_container_id": {"type": "str"},

@@ -181,6 +181,10 @@ class SimTarget:
         if not (sim_model() / "config.json").is_file():
             raise SystemExit("the tiny model is missing: run `make sim-model`")
         self.workdir, self.hostvars, self.launches = workdir, sim_hostvars(), Launches(run_project)
+        # The launch mounts only what the model stage verified (a no-op when every rank holds it).
+        staged = self.launches.playbook("model.yml")
+        if staged.returncode != 0:
+            raise SystemExit(f"playbooks/model.yml failed:\n{staged.stdout[-4000:]}")
 
     def network(self, variant: Variant) -> contextlib.AbstractContextManager:
         return management_over_ring(self.hostvars) if variant.network == "ring" else contextlib.nullcontext()

@@ -128,6 +128,9 @@ def runs(sim_ring, tmp_path_factory: pytest.TempPathFactory):
         pytest.skip("the tiny model is missing: run `make sim-model`")
     image = sim_ring(["ansible-playbook", "playbooks/image.yml"], timeout=3000)
     assert image.returncode == 0, f"playbooks/image.yml failed:\n{image.stdout[-4000:]}"
+    # ... and the model, verified on every rank (a no-op when they already hold it).
+    model = sim_ring(["ansible-playbook", "playbooks/model.yml"], timeout=1200)
+    assert model.returncode == 0, f"playbooks/model.yml failed:\n{model.stdout[-4000:]}"
     launches = Launches(sim_ring)
     shadow = profile_variant(tmp_path_factory.mktemp("shadow"), OVERLAY_MODE="shadow")
     long = long_prompt(time.time_ns())
