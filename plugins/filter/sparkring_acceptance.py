@@ -50,10 +50,6 @@ def lock_verdict(
     return acceptance.lock_verdict(load_lock().model_dump(mode="json"), lock_sha256, profile, identity, ranks)
 
 
-def pinned_model_files(profile: dict[str, Any]) -> list[dict[str, str]]:
-    return acceptance.pinned_model_files(load_lock().model_dump(mode="json"), profile)
-
-
 def sparkcache_verdict(cold, warm, logs, prompt_lengths: list[int]) -> dict[str, Any]:
     expected = [(n - 1) // CHUNK_TOKENS * CHUNK_TOKENS for n in prompt_lengths]
     return acceptance.sparkcache_verdict(cold, warm, {int(k): v for k, v in logs.items()}, expected)
@@ -67,7 +63,7 @@ class FilterModule:
             "sparkring_acceptance_plan": _guard(plan),
             "sparkring_acceptance_cells": _guard(cells),
             "sparkring_acceptance_long_prompts": _guard(acceptance_cells.long_prompts),
-            "sparkring_acceptance_pinned_model_files": _guard(pinned_model_files),
+            "sparkring_acceptance_pinned_model_files": _guard(acceptance.pinned_model_files),
             "sparkring_acceptance_lock": _guard(lock_verdict),
             "sparkring_acceptance_site_check": _guard(acceptance.site_check_verdict),
             "sparkring_acceptance_burn": _guard(acceptance.burn_verdict),

@@ -111,30 +111,16 @@ def failure_line(gate: dict[str, Any]) -> str:
 # -- AC-LOCK ---------------------------------------------------------------------------------------
 
 
-def pinned_model_files(lock: dict[str, Any], profile: dict[str, Any]) -> list[dict[str, str]]:
-    """Every file of the models the profile serves, as paths on a rank, with the lock's sha256: the
-    lock's models entry of that role whose revision is the profile's (MODEL_REVISION, DRAFT_REVISION)."""
-    files = []
-    for role, key in (("target", "model"), ("draft", "draft")):
-        directory, revision = profile.get(f"{key}_path"), profile.get(f"{key}_revision")
-        for name, model in sorted(lock.get("models", {}).items()):
-            if directory and model["role"] == role and model["revision"] == revision:
-                files += [{"model": name, "path": f"{directory.rstrip('/')}/{f['path']}", "sha256": f["sha256"]}
-                          for f in model["files"]]  # fmt: skip
-    return files
+def pinned_model_files(pins: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Every file of the models the profile serves, as a path on a rank with the lock's sha256.
 
-
-def unpinned_models(lock: dict[str, Any], profile: dict[str, Any]) -> list[str]:
-    """The profile's models whose revision no lock entry pins."""
-    out = []
-    for role, key in (("target", "model"), ("draft", "draft")):
-        revision = profile.get(f"{key}_revision")
-        pinned = {m["revision"] for m in lock.get("models", {}).values() if m["role"] == role}
-        if profile.get(f"{key}_path") and revision not in pinned:
-            out.append(
-                f"{key.upper()}_REVISION {revision} is not pinned by any {role} in images/lock.json models"
-            )
-    return out
+    ``pins`` is the launch role's ``launch_models``: the one join of profile, lock and inventory
+    (sparkring.models.model_pins), which already refuses a revision the lock does not pin."""
+    return [
+        {"model": pin["name"], "path": f"{pin['path'].rstrip('/')}/{f['path']}", "sha256": f["sha256"]}
+        for pin in pins
+        for f in pin["files"]
+    ]
 
 
 def lock_verdict(lock: dict[str, Any], lock_sha256: str, profile: dict[str, Any], identity: dict[str, Any],
@@ -162,8 +148,6 @@ def lock_verdict(lock: dict[str, Any], lock_sha256: str, profile: dict[str, Any]
         if not ok:
             problems[rank].append(f"{name}: {detail}")
 
-    for line in unpinned_models(lock, profile):
-        check(None, "model-pinned", False, line)
     locked_image = identity.get("lock") == lock
     check(None, "image-built-from-lock", locked_image,
           "the image stage's identity records this lock" if locked_image else

@@ -12,10 +12,16 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from sparkring import acceptance
 from sparkring.lock import LOCK_PATH, ROOT, load_lock
+from sparkring.models import model_pins
+from sparkring.profile import load_profile_file
 
 FILTERS = ROOT / "plugins" / "filter" / "sparkring_acceptance.py"
 LOCK = load_lock().model_dump(mode="json")
 LOCK_SHA = "f" * 64
+# The sim's models as the launch role joins them (launch_models: profile, lock, inventory).
+SIM_PINS = model_pins(
+    load_profile_file(ROOT / "inventories" / "sim" / "launch.env"), load_lock(), "sim-target", ""
+)
 IMAGE = "sha256:" + "a" * 64
 NONE_PROFILE = {
     "nccl_mode": "none",
@@ -50,7 +56,7 @@ def rank_facts(rank: int) -> dict:
     """What gate_lock.yml collects on a healthy sim rank."""
     argv = ["docker", "run", "--name", f"sparkring-rank{rank}", "img", "serve"]
     sources = {name: tree["sha256"] for name, tree in LOCK["source_trees"].items()}
-    pins = acceptance.pinned_model_files(LOCK, NONE_PROFILE)
+    pins = acceptance.pinned_model_files(SIM_PINS)
     return {
         "rank": rank,
         "up_to_date": True,
@@ -259,17 +265,11 @@ def test_the_filters_hand_plain_data_to_the_rules_and_name_refusals() -> None:
     assert filters["sparkring_acceptance_lock"](ranks, NONE_PROFILE, identity)["failing_ranks"] == [3]
 
 
-def test_lock_fails_a_profile_revision_the_lock_does_not_pin() -> None:
-    profile = {**NONE_PROFILE, "model_revision": "sim-tiny-v2"}
-    assert acceptance.pinned_model_files(LOCK, profile) == []
-    verdict = acceptance.lock_verdict(
-        LOCK, LOCK_SHA, profile, {"lock": LOCK, "image_id": IMAGE}, [rank_facts(0)]
-    )
-    assert verdict["rank"] is None
-    assert (
-        verdict["problems"][0]
-        == "model-pinned: MODEL_REVISION sim-tiny-v2 is not pinned by any target in images/lock.json models"
-    )
+def test_lock_hashes_every_file_of_every_served_model_where_the_profile_puts_it() -> None:
+    files = acceptance.pinned_model_files(SIM_PINS)
+    lock_files = LOCK["models"]["sim-target"]["files"]
+    assert [f["path"] for f in files] == [f"/opt/sparkring/models/sim-tiny/{f['path']}" for f in lock_files]
+    assert [f["sha256"] for f in files] == [f["sha256"] for f in lock_files]
 
 
 QUALIFY_FILTERS = ROOT / "roles" / "qualify" / "filter_plugins" / "sparkring_qualify.py"
