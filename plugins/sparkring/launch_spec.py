@@ -221,7 +221,6 @@ def render_rank_spec(
         "SPARKRING_RANK": str(rank),
         "SPARKRING_WORLD_SIZE": str(world_size),
         "SPARKRING_OVERLAY_MODE": profile.overlay_mode,
-        "SPARKRING_FULL_CKV_GATHER": "1" if profile.geometry.full_ckv_gather else "0",
         "SPARKRING_PROFILE_SHA256": profile.digest(),
         "SPARKCACHE_ENABLED": "1" if profile.sparkcache_enabled else "0",
         "VLLM_NO_USAGE_STATS": "1",

@@ -22,6 +22,11 @@ GIB = 1024**3
 _KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9 _./:=,@+%{}\"\[\]-]*$")
 _PATH = re.compile(r"^/[A-Za-z0-9_./@+-]*$")
+# Keys that once existed, and why they are gone (an edited old profile gets the reason, not "unknown").
+REMOVED_KEYS = {
+    "full_ckv_gather": "removed: vLLM gathers the compressed KV across the DCP ranks whenever DCP > 1 and has "
+    "no switch for it, so the key had no effect; delete the line",
+}
 
 
 class ProfileError(ValueError):
@@ -37,17 +42,17 @@ class DcpGeometry:
     """What a decode-context-parallel degree implies for the KV cache layout."""
 
     kv_interleave: int
-    full_ckv_gather: bool
     kv_cache_gib: int
 
 
 def dcp_geometry(dcp: int) -> DcpGeometry:
     """The topology-aware defaults (reference 000): DCP1 keeps whole tokens on each rank;
-    DCP2/4 shard the KV by 4-token interleave and need the full compressed-KV gather."""
+    DCP2/4 shard the KV by 4-token interleave. The full compressed-KV gather DCP2/4 need is not
+    a setting: vLLM gathers the compressed (MLA) KV across the DCP ranks whenever DCP > 1."""
     if dcp == 1:
-        return DcpGeometry(kv_interleave=1, full_ckv_gather=False, kv_cache_gib=26)
+        return DcpGeometry(kv_interleave=1, kv_cache_gib=26)
     if dcp in (2, 4):
-        return DcpGeometry(kv_interleave=4, full_ckv_gather=True, kv_cache_gib=30)
+        return DcpGeometry(kv_interleave=4, kv_cache_gib=30)
     raise ProfileError([f"DCP: {dcp} is not supported, expected 1, 2 or 4"])
 
 
@@ -73,7 +78,6 @@ class LaunchProfile(BaseModel):
     tp: int | None = Field(default=None, ge=1)
     dcp: int = 1
     kv_interleave: int | None = Field(default=None, ge=1)
-    full_ckv_gather: bool | None = None
     kv_cache_gib: int | None = Field(default=None, ge=1)
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla", "bfloat16", "float32"] = (
         "fp8"
@@ -95,7 +99,7 @@ class LaunchProfile(BaseModel):
     overlay_mode: Literal["disabled", "shadow", "custom"] = "custom"
     extra_vllm_args: str = ""
 
-    @field_validator("full_ckv_gather", "spec_adaptive", "sparkcache_enabled", mode="before")
+    @field_validator("spec_adaptive", "sparkcache_enabled", mode="before")
     @classmethod
     def _zero_or_one(cls, value: object) -> object:
         return _bool01(value)
@@ -137,11 +141,6 @@ class LaunchProfile(BaseModel):
                 f"KV_INTERLEAVE: {self.kv_interleave} contradicts DCP={self.dcp}, "
                 f"which needs {geometry.kv_interleave} (remove the key to take the default)"
             )
-        if self.full_ckv_gather is not None and self.full_ckv_gather != geometry.full_ckv_gather:
-            errors.append(
-                f"FULL_CKV_GATHER: {int(self.full_ckv_gather)} contradicts DCP={self.dcp}, "
-                f"which needs {int(geometry.full_ckv_gather)} (remove the key to take the default)"
-            )
         if self.tp is not None and self.tp % self.dcp:
             errors.append(f"TP: {self.tp} is not a multiple of DCP={self.dcp}")
         if self.draft_path and not self.draft_revision:
@@ -162,7 +161,6 @@ class LaunchProfile(BaseModel):
         default = dcp_geometry(self.dcp)
         return DcpGeometry(
             kv_interleave=default.kv_interleave,
-            full_ckv_gather=default.full_ckv_gather,
             kv_cache_gib=self.kv_cache_gib or default.kv_cache_gib,
         )
 
@@ -229,6 +227,8 @@ def load_profile_file(path: str | Path) -> LaunchProfile:
 def _describe(error: dict) -> str:
     location = ".".join(str(part) for part in error["loc"])
     message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden" and location in REMOVED_KEYS:
+        return f"{location.upper()}: {REMOVED_KEYS[location]}"
     if error["type"] == "extra_forbidden":
         return f"{location.upper()}: unknown key (docs/launch.md lists the keys)"
     if not location:

@@ -24,9 +24,9 @@ def profile(**overrides: str):
 @pytest.mark.parametrize(
     ("dcp", "expected"),
     [
-        (1, DcpGeometry(kv_interleave=1, full_ckv_gather=False, kv_cache_gib=26)),
-        (2, DcpGeometry(kv_interleave=4, full_ckv_gather=True, kv_cache_gib=30)),
-        (4, DcpGeometry(kv_interleave=4, full_ckv_gather=True, kv_cache_gib=30)),
+        (1, DcpGeometry(kv_interleave=1, kv_cache_gib=26)),
+        (2, DcpGeometry(kv_interleave=4, kv_cache_gib=30)),
+        (4, DcpGeometry(kv_interleave=4, kv_cache_gib=30)),
     ],
 )
 def test_geometry_defaults_follow_the_dcp_degree(dcp: int, expected: DcpGeometry) -> None:
@@ -42,8 +42,8 @@ def test_defaults_are_the_reference_launch() -> None:
 
 
 def test_explicit_values_that_agree_with_the_geometry_are_accepted() -> None:
-    p = profile(DCP="4", KV_INTERLEAVE="4", FULL_CKV_GATHER="1", KV_CACHE_GIB="28")
-    assert p.geometry == DcpGeometry(kv_interleave=4, full_ckv_gather=True, kv_cache_gib=28)
+    p = profile(DCP="4", KV_INTERLEAVE="4", KV_CACHE_GIB="28")
+    assert p.geometry == DcpGeometry(kv_interleave=4, kv_cache_gib=28)
 
 
 @pytest.mark.parametrize(
@@ -51,7 +51,7 @@ def test_explicit_values_that_agree_with_the_geometry_are_accepted() -> None:
     [
         ({"DCP": "4", "KV_INTERLEAVE": "1"}, "KV_INTERLEAVE: 1 contradicts DCP=4"),
         ({"DCP": "1", "KV_INTERLEAVE": "4"}, "KV_INTERLEAVE: 4 contradicts DCP=1"),
-        ({"DCP": "2", "FULL_CKV_GATHER": "0"}, "FULL_CKV_GATHER: 0 contradicts DCP=2"),
+        ({"DCP": "2", "FULL_CKV_GATHER": "1"}, "FULL_CKV_GATHER: removed: vLLM gathers the compressed KV"),
         ({"DCP": "3"}, "DCP: expected 1, 2 or 4"),
         ({"DCP": "4", "TP": "2"}, "TP: 2 is not a multiple of DCP=4"),
         ({"UNKNOWN_KEY": "1"}, "UNKNOWN_KEY: unknown key"),
