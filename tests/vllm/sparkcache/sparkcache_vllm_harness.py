@@ -158,9 +158,11 @@ def metric_total(metrics: str, name: str) -> float:
 SAMPLE = re.compile(r"^([^{ ]+)\{([^}]*)\} (\S+)$")
 
 
-def sample(exposition: str, name: str, **labels: str) -> float | None:
-    """The value of one series (vLLM's labels model_name/engine plus `labels`), None if absent."""
-    want = {"model_name": "sim-tiny", "engine": "0", **labels}
+def sample(exposition: str, name: str, model_name: str = "sim-tiny", **labels: str) -> float | None:
+    """The value of one series (vLLM's labels model_name/engine plus `labels`), None if absent.
+
+    vLLM names the served model by its path unless --served-model-name says otherwise."""
+    want = {"model_name": model_name, "engine": "0", **labels}
     for line in exposition.splitlines():
         match = SAMPLE.match(line)
         if match and match[1] == name and dict(re.findall(r'(\w+)="([^"]*)"', match[2])) == want:

@@ -91,7 +91,10 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 
         def counted() -> bool:  # a later step carries the publisher's counts to /metrics
             server.complete(prompts()[0][:8])
-            stored = sample(server.metrics(), "sparkring:sparkcache_pages_total", event="stored", rank="0")
+            exposition = server.metrics()
+            stored = sample(
+                exposition, "sparkring:sparkcache_pages_total", str(model), event="stored", rank="0"
+            )
             return stored == every_page
 
         wait_for(counted, 60, f"rank 0's /metrics counting {every_page} stored pages")
@@ -119,12 +122,17 @@ def test_restart_restores_verified_prefix_and_recomputes_a_bad_page(published: d
         metrics = server.metrics()
         log = server.log()
     pages = {
-        event: sample(metrics, "sparkring:sparkcache_pages_total", event=event, rank="0")
+        event: sample(
+            metrics, "sparkring:sparkcache_pages_total", str(published["model"]), event=event, rank="0"
+        )
         for event in ("verified", "restored", "quarantined")
     }
     # p1: 3 pages; p2: 2 good pages then its bad last one; p3: 3 pages (zeroed KV, valid checksums).
     assert pages == {"verified": 8, "restored": 8, "quarantined": 1}, pages
-    assert sample(metrics, "sparkring:sparkcache_restore_bytes_per_second", rank="0") > 0
+    assert (
+        sample(metrics, "sparkring:sparkcache_restore_bytes_per_second", str(published["model"]), rank="0")
+        > 0
+    )
     assert restored == cold[0], log[-3000:]
     assert hits_after_p1 == RESTORED
     assert loaded_lines(log)[0] == f"SparkCache: loaded {RESTORED} tokens (3 page(s) verified)"
