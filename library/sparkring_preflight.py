@@ -684,7 +684,12 @@ class Preflight:
         """PF-MODEL-LAYOUT (names and sizes) and PF-MODEL-MANIFEST (the model stage's verified record)."""
         if not self.p["models"]:
             return [
-                skipped(check, f"r{self.rank}", "no models given (preflight_models)")
+                skipped(
+                    check,
+                    f"r{self.rank}",
+                    "no models to check (preflight_models is empty: the inventory names no launch profile, "
+                    "or no model_target/model_draft)",
+                )
                 for check in ("PF-MODEL-LAYOUT", "PF-MODEL-MANIFEST")
             ]
         out, required = [], self.p["model_required"]

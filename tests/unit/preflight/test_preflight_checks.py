@@ -361,3 +361,10 @@ def test_before_the_model_stage_a_missing_model_is_a_skip_that_says_why(prefligh
     assert "does not exist; the model stage after preflight (site.yml) puts tiny tiny-v1 there" in (
         early["PF-MODEL-LAYOUT"].detail
     )
+
+
+def test_no_models_planned_is_a_skip_that_names_the_inventory_keys(preflight):
+    results = _by_id(preflight.Preflight({"rank": 1, "ports": [], "models": [], "model_required": True},
+                                         run=None, which=lambda name, required: name)._models())  # fmt: skip
+    assert {r.status for r in results.values()} == {"skip"}
+    assert "no model_target/model_draft" in results["PF-MODEL-LAYOUT"].detail
