@@ -27,7 +27,9 @@ Every deployment is appended to the deployments log beside the results (`<out>-d
 as soon as it is measured. A call runs at most `--deployments` of them (a bounded chunk: a launch
 takes minutes) and the next call continues the same run where it stopped, when its plan (target,
 sizes, commit) is the same; otherwise it starts a new run, and the unfinished one stays in the
-log, never reported. The results file (and its plot) is written when a run has every deployment.
+log, never reported. The results file (and its plot) is written when a run has every deployment,
+and appended to the history beside it (`<out>-history.jsonl`: every complete run; a run recorded
+before runs were kept is there too, marked `seeded_from`).
 
     sudo .venv/bin/python -m benchmarks.serving.bench --target sim [--per-side 3] [--rounds 3] [--deployments 4]
     .venv/bin/python -m benchmarks.serving.bench --target loopback --world 4
@@ -40,6 +42,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -52,7 +55,7 @@ from typing import ClassVar
 from sparkring.cluster import load_cluster_file
 from sparkring.hostvars import cluster_hostvars
 
-from benchmarks.history import append_run
+from benchmarks.history import append_run, history_path
 from benchmarks.provenance import RunProvenance, load_average, utc_now
 from benchmarks.serving.runs import (
     OVERLAY,
@@ -62,10 +65,10 @@ from benchmarks.serving.runs import (
     backend_lines,
     current_run,
     deployments_log,
+    flight_recorders,
     headline,
     plot,
     require_gloo,
-    ring_all_reduces,
     schedule,
     summarize,
     write_results,
@@ -211,7 +214,7 @@ class SimTarget:
             )
             sent = bytes_sent_since(before, interface_bytes(self.hostvars))
             route_to_head = {host: route_device(host, head) for host in self.hostvars if host != "r0"}
-            dumps = list(dump_flight_recorders().values()) if not variant.stock else []
+            dumps = dump_flight_recorders() if not variant.stock else {}
         carried = {
             "vllm_backend_log": {host: backend_lines(container_log(host)) for host in self.hostvars},
             "container_env": {
@@ -229,7 +232,7 @@ class SimTarget:
                     f"{variant.name} should cross the {variant.network} links, the bytes say: {sent}"
                 )
         else:
-            carried["ring_all_reduces_per_rank"] = ring_all_reduces(dumps)
+            carried |= flight_recorders(dumps)
         return {"launch_s": round(launch_s, 1), "rounds": measured, "carried_by": carried}
 
     def close(self) -> None:
@@ -273,11 +276,16 @@ class LoopbackTarget:
         if variant.stock:
             require_gloo(carried["vllm_backend_log"])
         else:
-            carried["ring_all_reduces_per_rank"] = ring_all_reduces(dumps)
+            carried |= flight_recorders({f"node{d['rank']}": d for d in dumps})
         return {"launch_s": round(launch_s, 1), "rounds": measured, "carried_by": carried}
 
     def close(self) -> None:
         """Each deployment stops its own nodes."""
+
+
+def in_repo(path: Path) -> str:
+    """A path as the results name it: relative to the repository when inside it."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 @contextlib.contextmanager
@@ -312,7 +320,7 @@ def main() -> int:
         return 0
     if args.per_side < 3:
         raise SystemExit("--per-side must be at least 3: fewer deployments cannot show the spread")
-    call = RunProvenance.capture()
+    call, call_id = RunProvenance.capture(), secrets.token_hex(4)
     stock = STOCK[args.target]
     plan = {
         "target": args.target,
@@ -341,7 +349,7 @@ def main() -> int:
                 "started_utc": utc_now(),
             }
             record |= target.deploy(index, variants[name], args.decode_tokens, args.rounds)
-            record["call"] = call.finish()
+            record |= {"call_id": call_id, "call": call.finish()}
             append_run(log, record)
             run.append(record)
     if len(run) < len(plan["order"]):
@@ -353,7 +361,8 @@ def main() -> int:
         **summary,
         "headline": headline(summary),
         "run_id": run_id,
-        "deployments_log": str(log.relative_to(REPO)) if log.is_relative_to(REPO) else str(log),
+        "deployments_log": in_repo(log),
+        "history": in_repo(history_path(out)),
         "setup": {
             **target.setup,
             "fabric": "tcp",
@@ -363,9 +372,10 @@ def main() -> int:
             "note": "ratios only: absolute CPU figures say nothing about GB10",
         },
         "provenance": call.finish(),
-        "calls": list({r["call"]["started_utc"]: r["call"] for r in run}.values()),
+        "calls": list({r["call_id"]: r["call"] for r in run}.values()),  # each call's last record
     }
     write_results(doc, out)
+    append_run(history_path(out), doc)
     print(doc["headline"])
     return 0
 

@@ -66,6 +66,19 @@ def ring_all_reduces(dumps: list[dict]) -> dict[int, int]:
     return {d["rank"]: d["counters"].get("all_reduce.ring", 0) for d in dumps}
 
 
+def flight_recorders(dumps: dict[str, dict]) -> dict:
+    """What carried the overlay side's collectives, from each rank's flight-recorder dump (by host):
+    its mode, how many collectives it recorded and on which path (the counters, `op.path`), and the
+    all-reduces on the ring per rank (refused when any left it: see `ring_all_reduces`)."""
+    return {
+        "flight_recorder": {
+            host: {key: dump[key] for key in ("rank", "mode", "collectives", "counters")}
+            for host, dump in sorted(dumps.items())
+        },
+        "ring_all_reduces_per_rank": ring_all_reduces(list(dumps.values())),
+    }
+
+
 def backend_lines(log: str) -> list[str]:
     """vLLM's log lines that name its distributed backend (and why it is not shared memory)."""
     found = []
@@ -109,6 +122,7 @@ def summarize(run: list[dict], plan: dict, cores: int) -> dict:
             "decode_tok_s_rounds": [x["decode_tok_s"] for x in rounds],
             "prefill_tok_s_rounds": [x["prefill_tok_s"] for x in rounds],
             "load_avg_1m_rounds": [x["load_avg_before"]["1m"] for x in rounds],
+            "over_core_count_rounds": [x["load_avg_before"]["1m"] > cores for x in rounds],
             "deployments": [
                 {key: r[key] for key in ("index", "started_utc", "launch_s", "carried_by")}
                 for r in deployments

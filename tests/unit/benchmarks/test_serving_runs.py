@@ -122,3 +122,21 @@ def test_stock_must_say_gloo_on_every_rank_and_the_overlay_must_keep_every_all_r
         runs.ring_all_reduces([ok, {"rank": 1, "mode": "custom", "counters": {"all_reduce.fallback": 1}}])
     with pytest.raises(RuntimeError, match="no dumps"):
         runs.ring_all_reduces([])
+
+
+def test_the_overlay_side_keeps_each_ranks_recorder_summary_without_its_entries() -> None:
+    dump = {
+        "rank": 2,
+        "mode": "custom",
+        "collectives": 9,
+        "counters": {"all_reduce.ring": 9},
+        "entries": [{}],
+    }
+    assert runs.flight_recorders({"r2": dump}) == {
+        "flight_recorder": {
+            "r2": {"rank": 2, "mode": "custom", "collectives": 9, "counters": {"all_reduce.ring": 9}}
+        },
+        "ring_all_reduces_per_rank": {2: 9},
+    }
+    with pytest.raises(RuntimeError, match="did not run every all-reduce on the ring"):
+        runs.flight_recorders({"r2": dump | {"mode": "shadow"}})
