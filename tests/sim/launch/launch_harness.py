@@ -30,6 +30,19 @@ def docker(host: str, *args: str, ranks: Path = SIM_RANKS) -> subprocess.Complet
     )
 
 
+def docker_build(host: str, tag: str, containerfile: str) -> subprocess.CompletedProcess[str]:
+    """Build a context-free image (the Containerfile on stdin) on the rank's own daemon."""
+    socket = SIM_RANKS / host / "run" / "docker.sock"
+    return subprocess.run(
+        ["docker", "-H", f"unix://{socket}", "build", "--quiet", "--tag", tag, "-"],
+        input=containerfile,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
 def container_ids() -> dict[str, str]:
     return {
         host: docker(

@@ -24,6 +24,7 @@ from launch_harness import (
     complete,
     container_ids,
     docker,
+    docker_build,
 )
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
@@ -79,6 +80,41 @@ def test_a_rank_whose_model_differs_starts_nothing(deployment) -> None:
         "(stray-file.json: not in the manifest)"
     ) in " ".join(done.stdout.split())
     assert container_ids() == before  # nothing was replaced, renamed or stopped on any rank
+    assert complete()["choices"][0]["text"]
+
+
+def test_one_rank_refusing_attestation_stops_every_rank_with_one_line(deployment) -> None:
+    """A different image under the pinned tag on rank 2 only: rank 2 refuses, and every rank's
+    output names rank 2 and says nothing was touched (no internal template error)."""
+    before = container_ids()
+    reference = docker(
+        "r2", "container", "inspect", "--format", "{{.Config.Image}}", "sparkring-rank2"
+    ).stdout
+    reference = reference.strip()
+    pinned_id = docker("r2", "image", "inspect", "--format", "{{.Id}}", reference).stdout.strip()
+    built = docker_build(
+        "r2", "sparkring-test/impostor:1", f"FROM {reference}\nLABEL sparkring.test=impostor\n"
+    )
+    assert built.returncode == 0, built.stderr
+    assert docker("r2", "tag", "sparkring-test/impostor:1", reference).returncode == 0
+    try:
+        done = deployment.playbook("launch.yml", "-e", "launch_force=true")
+    finally:
+        assert docker("r2", "tag", pinned_id, reference).returncode == 0
+        docker("r2", "image", "rm", "sparkring-test/impostor:1")
+    assert done.returncode != 0
+    assert "has no attribute" not in done.stdout and "object of type" not in done.stdout
+    stop = " ".join(
+        done.stdout.split("TASK [launch : Stop on every rank when any rank refused", 1)[1].split()
+    )
+    stop = stop.split("TASK [", 1)[0]
+    for host in RANKS:  # each rank's own failure (ansible-core also repeats the first one as [ERROR])
+        assert f"fatal: [{host}]: FAILED!" in stop, stop[:3000]
+        said = stop.split(f"fatal: [{host}]: FAILED!", 1)[1].split("fatal: [", 1)[0].split("PLAY RECAP", 1)[0]
+        assert f"rank 2 refused attestation: image: {reference} on rank 2 is sha256:" in said, said[:1000]
+        assert "Nothing was touched: no container was started, stopped or replaced on any rank." in said
+    assert "rank 0 refused" not in stop and "rank 1 refused" not in stop and "rank 3 refused" not in stop
+    assert container_ids() == before  # nothing was replaced, renamed or stopped
     assert complete()["choices"][0]["text"]
 
 
