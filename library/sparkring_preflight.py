@@ -15,7 +15,8 @@ description:
     (hostname, management address, every ring port's carrier, MTU, address and speed, a
     don't-fragment jumbo ping to each neighbour, that non-neighbours are unreachable over
     the fabric, free disk, free ports, the container engine, RDMA ports and RoCE GIDs, the
-    GPU) and returns one result per check with a stable check ID.
+    GPU and that no other process holds it) and returns one result per check with a stable
+    check ID.
   - It changes nothing on the node. A failed check is a result, not a module failure; the
     caller (the C(preflight) role) decides to fail the play. The module fails only on
     arguments it cannot use.
@@ -81,8 +82,9 @@ options:
       purpose: {type: str, default: '', description: What will bind it (for messages).}
   cluster_name:
     description:
-      - The cluster's name. A port held only by containers labelled C(sparkring.cluster=<name>)
-        (this cluster's own deployment, on a re-run) passes PF-PORTS-FREE; unset, any holder fails it.
+      - The cluster's name. A port or GPU held only by containers labelled C(sparkring.cluster=<name>)
+        (this cluster's own deployment, on a re-run) passes PF-PORTS-FREE and PF-GPU-FREE; unset, any
+        holder fails them.
     type: str
   docker_host:
     description: The container engine's API socket (C(unix://) URL); PF-CONTAINER-ENGINE pings it.
@@ -175,7 +177,6 @@ import http.client
 import ipaddress
 import json
 import os
-import re
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -183,6 +184,15 @@ from dataclasses import asdict
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sparkring_gpu import (
+    COMPUTE_APPS_ARGS,
+    GpuProcess,
+    GpuQueryError,
+    container_id,
+    describe,
+    foreign_processes,
+    parse_compute_apps,
+)
 from ansible.module_utils.sparkring_link_facts import (
     LINK_LOCAL,
     SYSFS,
@@ -228,13 +238,13 @@ CHECK_IDS = (
     "PF-RDMA-GID",
     "PF-NCCL-GID",
     "PF-GPU",
+    "PF-GPU-FREE",
     "PF-MODEL-LAYOUT",
     "PF-MODEL-MANIFEST",
 )
 GIB = 1024**3
 # /proc/net state codes of a listening TCP socket and a bound UDP socket.
 _LISTEN_STATE = {"tcp": "0A", "udp": "07"}
-_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 
 
 def passed(check: str, subject: str, detail: str) -> Check:
@@ -415,6 +425,32 @@ def judge_model(
     )
 
 
+def judge_gpu_free(rank: int, foreign: list[GpuProcess] | None, error: str | None) -> Check:
+    """PF-GPU-FREE: no compute process on the GPU but this cluster's own containers.
+
+    ``foreign`` None with no error: there is no nvidia-smi and no GPU is required (skip)."""
+    subject = f"r{rank}"
+    if error:
+        return failed(
+            "PF-GPU-FREE",
+            subject,
+            f"cannot tell who holds the GPU: {error}",
+            "check that `nvidia-smi --query-compute-apps=pid,process_name --format=csv` works on the node",
+        )
+    if foreign is None:
+        return skipped("PF-GPU-FREE", subject, "no nvidia-smi on this node and no GPU required")
+    if not foreign:
+        return passed("PF-GPU-FREE", subject, "no process holds the GPU but this cluster's own containers")
+    return failed(
+        "PF-GPU-FREE",
+        subject,
+        f"the GPU is held by {describe(foreign)}; expected free (a GB10 shares its memory with the CPU: "
+        "the model would run out of memory at load on this rank after the others started)",
+        "stop those processes (`nvidia-smi` lists them; a previous vLLM outside SparkRing, a notebook) "
+        "and run again",
+    )
+
+
 # ---- fact readers that are preflight's own (not link facts) ----
 
 
@@ -449,16 +485,6 @@ def socket_holders(inodes: set[int], proc: str = "/proc") -> dict[int, str]:
         except OSError:
             continue  # the process ended or is not ours to read
     return holders
-
-
-def container_id(pid: int, proc: str = "/proc") -> str | None:
-    """The Docker container a process runs in, from the 64-hex id in its cgroup path."""
-    try:
-        with open(os.path.join(proc, str(pid), "cgroup"), encoding="utf-8") as handle:
-            match = _CONTAINER_ID.search(handle.read())
-    except OSError:
-        return None
-    return match.group(0) if match else None
 
 
 def nearest_existing(path: str) -> str:
@@ -562,6 +588,7 @@ class Preflight:
         out += self._free_ports()
         out.append(self._container_engine())
         out.append(self._gpu())
+        out.append(self._gpu_free())
         out += self._models()
         order = {check: index for index, check in enumerate(CHECK_IDS)}
         return sorted(out, key=lambda result: order[result.id])
@@ -717,6 +744,25 @@ class Preflight:
                 )
             )  # fmt: skip
         return out
+
+    def _gpu_free(self) -> Check:
+        smi = self.which("nvidia-smi", False)
+        if not smi:
+            error = "nvidia-smi not found" if self.p["require_gpu"] else None
+            return judge_gpu_free(self.rank, None, error)
+        rc, out, err = self.run([smi, *COMPUTE_APPS_ARGS])
+        if rc != 0:
+            return judge_gpu_free(self.rank, None, (err or out).strip()[:200] or f"nvidia-smi exit {rc}")
+        try:
+            processes = parse_compute_apps(out)
+        except GpuQueryError as exc:
+            return judge_gpu_free(self.rank, None, str(exc))
+        cluster, host = self.p["cluster_name"], self.p["docker_host"]
+
+        def is_ours(container: str) -> bool:
+            return bool(cluster) and cluster_container(host, container, cluster) is not None
+
+        return judge_gpu_free(self.rank, foreign_processes(processes, is_ours), None)
 
 
 def _check_arguments(module: AnsibleModule) -> None:

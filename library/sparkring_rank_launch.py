@@ -20,6 +20,10 @@ description:
     its record beside the directory); it counts only while every file is the very file verified (stat
     stamp unchanged) and the directory holds nothing else, and the record's files must be the lock's
     pin for that model (I(models)). Otherwise the rank refuses to attest, naming the files.
+  - When the spec runs with C(--gpus), I(state=attested) first refuses a GPU that a process outside this
+    cluster's containers (label C(sparkring.cluster)) holds, naming the rank and every such process
+    (C(nvidia-smi --query-compute-apps)); a previous launch's own containers do not count, since the
+    launch replaces them. This check also runs in check mode (it only reads).
   - I(state=started) first compares the records of all ranks (I(attestations)); any field that is not
     rank-specific and differs fails the module naming the field and the ranks, before anything changes.
     It then keeps the previous container (stopped, renamed C(<name>-previous)) and runs the new one.
@@ -180,6 +184,13 @@ from ansible.module_utils.sparkring_attest import (
     disagreements,
     redact_argv,
 )
+from ansible.module_utils.sparkring_gpu import (
+    COMPUTE_APPS_ARGS,
+    GpuQueryError,
+    describe,
+    foreign_processes,
+    parse_compute_apps,
+)
 from ansible.module_utils.sparkring_integrity import redact_env
 from ansible.module_utils.sparkring_model import layout, record_problems
 
@@ -267,6 +278,38 @@ class RankLauncher:
         }
 
     # -- attestation ----------------------------------------------------------------------------
+    def refuse_occupied_gpu(self) -> None:
+        """Fail, naming the rank and the processes, when anything but our containers holds the GPU."""
+        if "--gpus" not in self.spec["argv"]:
+            return
+        rank = self.spec["rank"]
+        smi = self.module.get_bin_path("nvidia-smi")
+        if not smi:
+            self.module.fail_json(
+                msg=f"gpu: rank {rank} runs with --gpus but has no nvidia-smi, so nobody can tell whether "
+                "its GPU is free; install the NVIDIA driver utilities on the rank"
+            )
+        rc, out, err = self.module.run_command([smi, *COMPUTE_APPS_ARGS], environ_update=self.env)
+        try:
+            if rc != 0:
+                raise GpuQueryError(f"nvidia-smi exited {rc}: {(err or out).strip()[:300]}")
+            processes = parse_compute_apps(out)
+        except GpuQueryError as exc:
+            self.module.fail_json(msg=f"gpu: rank {rank}: cannot tell whether the GPU is free: {exc}")
+        cluster = self.spec["labels"].get("sparkring.cluster", "")
+        _rc, listed, _err = self.docker(
+            "ps", "--all", "--quiet", "--no-trunc", "--filter", f"label=sparkring.cluster={cluster}"
+        )
+        ours = set(listed.split())
+        foreign = foreign_processes(processes, ours.__contains__)
+        if foreign:
+            self.module.fail_json(
+                msg=f"gpu: the GPU of rank {rank} is held by {describe(foreign)}, which are not this "
+                f"cluster's containers: vLLM would run out of memory at model load on rank {rank}. Stop "
+                "them (nvidia-smi lists them) and launch again",
+                holders=[{"pid": p.pid, "name": p.name, "used_memory": p.used_memory} for p in foreign],
+            )
+
     def image_identity(self) -> dict:
         rc, out, err = self.docker("image", "inspect", self.spec["image"], check=False)
         if rc != 0:
@@ -337,6 +380,7 @@ class RankLauncher:
         return described
 
     def attest(self) -> dict:
+        self.refuse_occupied_gpu()
         result: dict = {"changed": False, "up_to_date": self.up_to_date()}
         if self.module.check_mode:
             return result
