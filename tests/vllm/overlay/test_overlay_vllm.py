@@ -22,12 +22,13 @@ from overlay_vllm_harness import (
     VLLM_BIN,
     VllmRing,
     entry_point_dir,
+    image_record,
     sim_model,
     vllm_missing_reason,
 )
 
 from overlay.plugin import EXIT_REFUSED
-from overlay.registry import PATCHES
+from overlay.registry import PATCHES, load_pins
 
 pytestmark = pytest.mark.skipif(vllm_missing_reason() is not None, reason=vllm_missing_reason() or "")
 
@@ -92,6 +93,7 @@ def start_refused(workdir: Path, pythonpath: list[Path]) -> subprocess.Completed
         DO_NOT_TRACK="1",
         HF_HUB_OFFLINE="1",
         PYTHONDONTWRITEBYTECODE="1",  # the shadow tree links into the real package: write nothing there
+        SPARKRING_IMAGE_JSON=str(image_record(workdir)),
         PYTHONPATH=os.pathsep.join(str(p) for p in [*pythonpath, entry_point_dir(workdir / "ep"), REPO]),
     )
     argv = [str(VLLM_BIN / "vllm"), "serve", str(sim_model()), "--dtype", "float32", "--enforce-eager"]
@@ -119,19 +121,22 @@ def test_one_changed_byte_in_an_upstream_file_stops_vllm_naming_the_patch(tmp_pa
 
     done = start_refused(tmp_path, [tmp_path / "site"])
     assert done.returncode == EXIT_REFUSED, done.stderr[-3000:]
+    pinned = load_pins(str(image_record(tmp_path))).files[CPU_COMM]
     for patch in (p for p in PATCHES if p.module.endswith("cpu_communicator")):
         assert f"patch {patch.name!r}" in done.stderr
-        assert f"expected sha256 {patch.sha256}, found {found}" in done.stderr
+        assert f"expected sha256 {pinned}, found {found}" in done.stderr
     assert "nothing was patched" in done.stderr
 
 
-def test_unknown_vllm_version_stops_vllm(tmp_path: Path) -> None:
+def test_a_vllm_other_than_the_pinned_one_stops_vllm(tmp_path: Path) -> None:
     info = tmp_path / "meta" / "vllm-0.33.0+cpu.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0+cpu\n")
     done = start_refused(tmp_path, [tmp_path / "meta"])
     assert done.returncode == EXIT_REFUSED, done.stderr[-3000:]
-    assert "vLLM 0.33.0+cpu is not a version the overlay knows (0.32.0)" in done.stderr
+    assert (
+        "vLLM 0.33.0+cpu is installed, but this image's overlay pins are for vLLM 0.32.0+cpu" in done.stderr
+    )
 
 
 def test_adaptive_depth_drives_ngram_speculation_in_the_scheduler(
