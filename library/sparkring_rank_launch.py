@@ -23,7 +23,13 @@ description:
   - When the spec runs with C(--gpus), I(state=attested) first refuses a GPU that a process outside this
     cluster's containers (label C(sparkring.cluster)) holds, naming the rank and every such process
     (C(nvidia-smi --query-compute-apps)); a previous launch's own containers do not count, since the
-    launch replaces them. This check also runs in check mode (it only reads).
+    launch replaces them.
+  - When the spec carries C(overlay_pins) (the overlay is on), I(state=attested) refuses an image whose
+    vLLM version, pinned vLLM files (hashed inside the image) or built-in pins differ from the lock's
+    overlay pins for it, naming the file, both hashes, the rank and the fix (the overlay would stop
+    vLLM at start otherwise, after the running containers were stopped).
+  - Both refusals also run in check mode, where they only read (C(nvidia-smi), and, when the image is
+    already on the rank, the image ID and a throwaway C(docker run --rm --network none) in it).
   - I(state=started) first compares the records of all ranks (I(attestations)); any field that is not
     rank-specific and differs fails the module naming the field and the ranks, before anything changes.
     It then keeps the previous container (stopped, renamed C(<name>-previous)) and runs the new one.
@@ -112,7 +118,10 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Nothing is written, run, stopped or renamed; the in-image hashing is skipped.
+    details:
+      - Nothing is written, stopped or renamed. I(state=attested) still refuses an occupied GPU and, where
+        the image is already present, a wrong image ID or an image that does not match the overlay pins
+        (a throwaway container with no network reads it); the full record is not written.
   diff_mode:
     support: full
     details: The argv the rank runs now (before) and the argv it would run (after), one token per line.
@@ -326,11 +335,18 @@ class RankLauncher:
             )
         return {"reference": self.spec["image"], "id": image["Id"]}
 
+    def image_present(self) -> bool:
+        return self.docker("image", "inspect", self.spec["image"], check=False)[0] == 0
+
     def image_files(self) -> dict:
-        """Hash the NCCL library and the packages inside the image, in a throwaway container."""
+        """Hash the NCCL library, the packages and the pinned vLLM files inside the image, in a
+        throwaway container."""
         args = ["run", "--rm", "--network", "none", "--workdir", "/opt/sparkring", "--entrypoint", "python3"]
         args += [self.spec["image"]]
         args += ["-c", IMAGE_PROBE, self.params["nccl_path"], *self.params["packages"]]
+        pins = self.spec.get("overlay_pins")
+        if pins:
+            args += ["--vllm", *sorted(pins["files"])]
         rc, out, err = self.docker(*args, check=False)
         if rc != 0:
             self.module.fail_json(
@@ -340,6 +356,33 @@ class RankLauncher:
         probe = json.loads(out.strip().splitlines()[-1])
         probe.pop("python")
         return probe
+
+    def refuse_unpinned_image(self, probe: dict) -> None:
+        """Fail when the image is not the one the lock's overlay pins describe (the overlay on)."""
+        pins = self.spec.get("overlay_pins")
+        if not pins:
+            return
+        vllm = probe.get("vllm") or {}
+        problems = []
+        if vllm.get("version") != pins["vllm_version"]:
+            problems.append(f"it has vLLM {vllm.get('version')}, pinned {pins['vllm_version']}")
+        for name, expected in sorted(pins["files"].items()):
+            found = (vllm.get("files") or {}).get(name)
+            if found != expected:
+                problems.append(f"{name} has sha256 {found or '<missing>'}, pinned {expected}")
+        if not problems and vllm.get("image_json_overlay_pins") != pins:
+            problems.append(
+                "its build record (/opt/sparkring/image.json) carries other overlay pins than the lock "
+                "(the image was built before the last pinning)"
+            )
+        if problems:
+            self.module.fail_json(
+                msg=f"overlay pins: image {self.spec['image']} on rank {self.spec['rank']} does not match "
+                f"images/lock.json overlay_pins ({pins['image']}): " + "; ".join(problems) + ". The overlay "
+                "would stop vLLM at start. Rebuild the image from the lock (playbooks/image.yml); if this vLLM "
+                "is the one you want, pin it (playbooks/overlay-pins.yml --check --diff, then without --check)",
+                problems=problems,
+            )
 
     def mount_manifest(self, source: str) -> str:
         """A read-only mount's content digest: a file's sha256, or the manifest digest the model stage
@@ -383,14 +426,21 @@ class RankLauncher:
         self.refuse_occupied_gpu()
         result: dict = {"changed": False, "up_to_date": self.up_to_date()}
         if self.module.check_mode:
+            # The plan refuses what it can already see; an image the image stage has yet to bring is not refused.
+            if self.image_present():
+                self.image_identity()
+                self.refuse_unpinned_image(self.image_files())
             return result
         spec = self.spec
+        image = self.image_identity()
+        image_files = self.image_files()
+        self.refuse_unpinned_image(image_files)
         record = {
             "schema": SCHEMA,
             "rank": spec["rank"],
             "container_name": self.name,
-            "image": self.image_identity(),
-            "image_files": self.image_files(),
+            "image": image,
+            "image_files": image_files,
             "mounts": self.mounts(),
             "env": redact_env(spec["env"]),
             "labels": spec["labels"],

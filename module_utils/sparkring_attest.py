@@ -40,8 +40,9 @@ WORKER_ONLY_FLAGS = frozenset({"--headless"})
 # IMAGE -c ...`), so the hashes are of the bytes the container will load, not of the host's copies;
 # the hashing is the image's own copy of sparkring_integrity (beside the entrypoint, on the path as
 # the working directory).
-# argv: the NCCL library path (empty: the one the image's image.json records), then the package
-# names. Prints one JSON object.
+# argv: the NCCL library path (empty: the one the image's image.json records), the package
+# names, then `--vllm` and the vLLM files the overlay pins (paths under the directory holding the
+# vllm package; vLLM is found, never imported). Prints one JSON object.
 IMAGE_PROBE = r"""
 import importlib.util, json, os, sys
 from sparkring_integrity import package_files, sha256_file, tree_sha256
@@ -55,12 +56,24 @@ nccl = sys.argv[1] or (image.get("nccl") or {}).get("path")
 out = {"python": sys.executable, "nccl": {"path": nccl, "sha256": None}, "packages": {}}
 if nccl and os.path.isfile(nccl):
     out["nccl"]["sha256"] = sha256_file(nccl)
-for name in sys.argv[2:]:
+args = sys.argv[2:]
+packages, vllm_files = (args[: args.index("--vllm")], args[args.index("--vllm") + 1 :]) if "--vllm" in args else (args, [])
+for name in packages:
     spec = importlib.util.find_spec(name)
     places = list(spec.submodule_search_locations or []) if spec else []
     top = places[0] if places else None
     out["packages"][name] = {"path": top, "sha256": tree_sha256(top, package_files(top)) if top else None}
 out["image_json_sha256"] = sha256_file(image_json) if os.path.isfile(image_json) else None
+if vllm_files:
+    from importlib import metadata
+    spec = importlib.util.find_spec("vllm")
+    top = os.path.dirname(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
+    try:
+        version = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        version = None
+    found = {f: sha256_file(os.path.join(top, f)) if top and os.path.isfile(os.path.join(top, f)) else None for f in vllm_files}
+    out["vllm"] = {"version": version, "files": found, "image_json_overlay_pins": image.get("overlay_pins")}
 print(json.dumps(out, sort_keys=True))
 """
 

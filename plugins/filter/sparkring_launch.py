@@ -6,10 +6,12 @@ It only calls `sparkring.launch_spec.render_rank_spec` (the one renderer) so the
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from sparkring.launch_spec import NodeCapabilities, container_name, render_rank_spec
+from sparkring.launch_spec import LaunchRefused, NodeCapabilities, container_name, render_rank_spec
+from sparkring.lock import LOCK_PATH, load_lock
 from sparkring.profile import ProfileError, load_profile_file
 
 HOSTVARS = (
@@ -33,9 +35,17 @@ def _plain(hostvars: Any, what: str) -> dict[str, Any]:
 
 
 def sparkring_rank_spec(
-    rank_vars: Any, head_vars: Any, profile_path: str, node: dict, image: str, runtime: str
+    rank_vars: Any,
+    head_vars: Any,
+    profile_path: str,
+    node: dict,
+    image: str,
+    runtime: str,
+    lock_path: str = str(LOCK_PATH),
 ) -> dict[str, Any]:
-    """`{{ hostvars[inventory_hostname] | sparkring_rank_spec(head_hostvars, profile, node, image, runtime) }}`"""
+    """`{{ hostvars[inventory_hostname] | sparkring_rank_spec(head_hostvars, profile, node, image, runtime) }}`
+
+    `lock_path` (default: images/lock.json) supplies the overlay pins of the runtime image."""
     if runtime not in ("gb10", "sim-cpu"):
         raise AnsibleFilterError(f"sparkring_rank_spec: runtime {runtime!r}, expected gb10 or sim-cpu")
     if not image:
@@ -52,9 +62,14 @@ def sparkring_rank_spec(
             capabilities,
             image,
             runtime,
+            load_lock(Path(lock_path)),
         )
     except (ProfileError, OSError) as error:
         raise AnsibleFilterError(f"launch profile {profile_path}:\n{error}") from None
+    except LaunchRefused as refusal:
+        raise AnsibleFilterError(f"launch refused before anything was touched: {refusal}") from None
+    except ValueError as error:  # the lock failed its schema
+        raise AnsibleFilterError(f"{lock_path}: {error}") from None
     serve = spec.vllm_argv
     return spec.as_dict() | {
         "profile_sha256": spec.labels["sparkring.profile_sha256"],

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparkcache.settings import SparkCacheSettings, vllm_serve_args
-from sparkring.lock import NCCL_IN_IMAGE
+from sparkring.lock import NCCL_IN_IMAGE, Flavor, Lock
 from sparkring.profile import GIB, LaunchProfile
 
 CONTAINER_MODEL_DIR = "/models/model"
@@ -26,6 +26,12 @@ OVERLAY_RECORDER_DIR = "/var/lib/sparkring/overlay"
 SECRET_ENV_NAMES = ("HF_TOKEN", "VLLM_API_KEY")
 
 Runtime = Literal["gb10", "sim-cpu"]
+# The runtime image each runtime runs (images/build_context.py --flavor).
+IMAGE_FLAVOR: dict[str, Flavor] = {"gb10": "gb10", "sim-cpu": "sim"}
+
+
+class LaunchRefused(ValueError):
+    """The plan cannot start: refused on the controller, before any rank is touched."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,9 @@ class RankSpec:
     mounts: list[dict[str, Any]]
     labels: dict[str, str]
     vllm_argv: list[str] = field(default_factory=list)
+    # The lock's overlay pins for the runtime image (None: overlay disabled); attestation checks
+    # the image's vLLM files against them before anything is stopped.
+    overlay_pins: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +71,7 @@ class RankSpec:
             "mounts": self.mounts,
             "labels": self.labels,
             "vllm_argv": self.vllm_argv,
+            "overlay_pins": self.overlay_pins,
         }
 
 
@@ -199,6 +209,26 @@ def vllm_argv(
     return argv
 
 
+def overlay_pins(profile: LaunchProfile, lock: Lock, runtime: Runtime) -> dict[str, Any] | None:
+    """The pins the overlay will check in the runtime image, or a refusal when it has none.
+
+    Without pins the overlay stops vLLM on every rank at start, after the running containers
+    were stopped: the plan refuses here instead, naming the image, its vLLM and the fix."""
+    if profile.overlay_mode == "disabled":
+        return None
+    flavor = IMAGE_FLAVOR[runtime]
+    pins = lock.overlay_pins_for(flavor)
+    if pins is None:
+        raise LaunchRefused(
+            f"OVERLAY_MODE={profile.overlay_mode}: {lock.unpinned_reason(flavor)}, so the overlay would stop "
+            "vLLM on every rank at start. Pin it: ansible-playbook -i inventories/<cluster> "
+            "playbooks/overlay-pins.yml --check --diff (each patched function against the source its wrapper "
+            "was written for), then without --check, then playbooks/image.yml; or set OVERLAY_MODE=disabled "
+            "in the launch profile"
+        )
+    return pins.model_dump()
+
+
 def render_rank_spec(
     profile: LaunchProfile,
     rank_vars: dict[str, Any],
@@ -206,13 +236,16 @@ def render_rank_spec(
     node: NodeCapabilities,
     image: str,
     runtime: Runtime,
+    lock: Lock,
 ) -> RankSpec:
     """The exact `docker run` argv for one rank: host network and IPC, memlock unlimited and
     IPC_LOCK for registered RDMA arenas, GPUs and /dev/infiniband where the node has them,
-    read-only model mounts, labels that tie the container to this profile."""
+    read-only model mounts, labels that tie the container to this profile; refused (LaunchRefused)
+    when the overlay is on and the lock has no pins for the runtime image."""
     rank = rank_vars["sparkring_rank"]
     world_size = rank_vars["sparkring_world_size"]
     profile = profile.for_world(world_size)
+    pins = overlay_pins(profile, lock, runtime)
     master_address = head_vars["sparkring_management"]["address"]
     name = container_name(rank)
 
@@ -300,4 +333,5 @@ def render_rank_spec(
         mounts=mounts,
         labels=labels,
         vllm_argv=serve,
+        overlay_pins=pins,
     )

@@ -34,7 +34,7 @@ def docker_build(host: str, tag: str, containerfile: str) -> subprocess.Complete
     """Build a context-free image (the Containerfile on stdin) on the rank's own daemon."""
     socket = SIM_RANKS / host / "run" / "docker.sock"
     return subprocess.run(
-        ["docker", "-H", f"unix://{socket}", "build", "--quiet", "--tag", tag, "-"],
+        ["docker", "-H", f"unix://{socket}", "build", "--quiet", "--network", "none", "--tag", tag, "-"],
         input=containerfile,
         capture_output=True,
         text=True,

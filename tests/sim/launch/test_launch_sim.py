@@ -3,10 +3,11 @@
 
 One TP4 deployment is brought up once for the module and reused: it answers a completion through
 rank 0; a rank whose model differs from the pin stops the next launch before anything changes; the
-overlay pin module, run on the running image, reproduces the lock's sim pins; a deliberately failing
-gate puts that deployment back and it answers again; the secrets set for every launch appear in no
-attestation record, no Ansible output and no container log. The module's teardown stops and removes
-every container it started (stop.yml), always.
+overlay pin module, run on the running image, reproduces the lock's sim pins; that image with one
+byte changed in a patched file is refused by `launch.yml --check`; a deliberately failing gate puts
+that deployment back and it answers again; the secrets set for every launch appear in no attestation
+record, no Ansible output and no container log. The module's teardown stops and removes every
+container it started (stop.yml), always.
 """
 
 from __future__ import annotations
@@ -133,6 +134,49 @@ def test_the_sim_images_pins_are_what_the_pin_module_measures(deployment) -> Non
     write = flat.split("TASK [Write the pins into images/lock.json", 1)[1].split("PLAY RECAP", 1)[0]
     assert "ok: [r0 -> localhost]" in write and "changed:" not in write  # the committed pins, byte for byte
     assert (ROOT / "images" / "lock.json").read_bytes() == lock
+
+
+# One byte of a file the overlay patches, changed inside the image (a comment: still valid Python).
+ONE_BYTE = (
+    "import importlib.util, pathlib; "
+    "p = pathlib.Path(list(importlib.util.find_spec('vllm').submodule_search_locations)[0], "
+    "'distributed/device_communicators/cpu_communicator.py'); "
+    "p.write_bytes(p.read_bytes().replace(b'# SPDX', b'#.SPDX', 1))"
+)
+
+
+def test_an_image_with_one_changed_byte_in_a_patched_file_is_refused_at_plan_time(deployment) -> None:
+    """The runtime image rebuilt with one byte changed in cpu_communicator.py: `launch.yml --check`
+    refuses it on every rank at attestation, and the running ring is untouched. (The launch proper
+    calls the same refusal before anything is stopped: tests/unit/launch/test_launch_pins.py runs it
+    in both modes; the impostor test above shows every rank stopping on one rank's refusal.)"""
+    before = container_ids()
+    reference = docker(
+        "r0", "container", "inspect", "--format", "{{.Config.Image}}", "sparkring-rank0"
+    ).stdout
+    changed = "sparkring-test/one-byte:1"
+    try:
+        for host in RANKS:
+            built = docker_build(
+                host, changed, f"FROM {reference.strip()}\nRUN {json.dumps(['python3', '-c', ONE_BYTE])}\n"
+            )
+            assert built.returncode == 0, built.stderr
+        done = deployment.playbook("launch.yml", "--check", "-e", f"launch_image={changed}")
+    finally:
+        for host in RANKS:
+            docker(host, "image", "rm", changed)
+    assert done.returncode != 0
+    assert "has no attribute" not in done.stdout and "object of type" not in done.stdout
+    flat = " ".join(done.stdout.split())  # the YAML callback may wrap long messages
+    for rank in range(len(RANKS)):
+        assert (
+            f"rank {rank} refused attestation: overlay pins: image {changed} on rank {rank} does not match"
+            in flat
+        )
+    assert "vllm/distributed/device_communicators/cpu_communicator.py has sha256" in flat
+    assert "Nothing was touched: no container was started, stopped or replaced on any rank." in flat
+    assert container_ids() == before  # nothing was replaced, renamed or stopped
+    assert complete()["choices"][0]["text"]
 
 
 def test_failing_gate_restores_the_previous_deployment(deployment) -> None:

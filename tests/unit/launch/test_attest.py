@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from launch_locks import pinned_lock
 from sparkring.cluster import load_cluster_file
 from sparkring.hostvars import cluster_hostvars
 from sparkring.launch_spec import NodeCapabilities, render_rank_spec
@@ -37,7 +38,7 @@ def records(dcp: int = 2) -> list[dict]:
     node = NodeCapabilities(gpu=True, infiniband=True, cpu_count=20)
     out = []
     for rank_vars in ranks:
-        spec = render_rank_spec(profile, rank_vars, ranks[0], node, IMAGE, "gb10")
+        spec = render_rank_spec(profile, rank_vars, ranks[0], node, IMAGE, "gb10", pinned_lock())
         out.append(
             {
                 "schema": attest.SCHEMA,

@@ -8,37 +8,20 @@ lists this cluster's containers. The device lane runs the real thing (tests/devi
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
-import stat
-import sys
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
-from ansible.module_utils.testing import patch_module_args
+from launch_module import run_module, tool
 from sparkring.cluster import load_cluster_file
 from sparkring.hostvars import cluster_hostvars
 from sparkring.launch_spec import NodeCapabilities, render_rank_spec
+from sparkring.lock import load_lock
 from sparkring.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[3]
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
 GPU = "GPU-5c1b3a49-7c4e-1b9f-8f2e-3d2b7b1c9a10"
 OURS = "a1" * 32
-
-
-def rank_launch():
-    if "sparkring_rank_launch" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "sparkring_rank_launch", ROOT / "library" / "sparkring_rank_launch.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["sparkring_rank_launch"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["sparkring_rank_launch"]
 
 
 def spec(gpu: bool) -> dict:
@@ -49,13 +32,9 @@ def spec(gpu: bool) -> dict:
         {"MODEL_PATH": "/srv/models/m", "MODEL_REVISION": "r1", "OVERLAY_MODE": "disabled"}
     )
     node = NodeCapabilities(gpu=gpu, infiniband=True, cpu_count=20)
-    return render_rank_spec(profile, ranks[1], ranks[0], node, "sparkring/runtime:gb10-x", "gb10").as_dict()
-
-
-def tool(folder: Path, name: str, script: str) -> None:
-    path = folder / name
-    path.write_text("#!/bin/sh\n" + script)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return render_rank_spec(
+        profile, ranks[1], ranks[0], node, "sparkring/runtime:gb10-x", "gb10", load_lock()
+    ).as_dict()
 
 
 @pytest.fixture
@@ -76,10 +55,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def attest(node: Path, rendered: dict, capsys: pytest.CaptureFixture[str], check_mode: bool) -> dict:
-    args = {"state": "attested", "spec": rendered, "_ansible_check_mode": check_mode}
-    with patch_module_args(args), pytest.raises(SystemExit):
-        rank_launch().main()
-    return json.loads(capsys.readouterr().out)
+    return run_module({"state": "attested", "spec": rendered, "_ansible_check_mode": check_mode}, capsys)
 
 
 @pytest.mark.parametrize("check_mode", [True, False])

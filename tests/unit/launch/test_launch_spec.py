@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from launch_locks import pinned_lock
 from sparkring.cluster import load_cluster_file
 from sparkring.hostvars import cluster_hostvars
 from sparkring.launch_spec import NodeCapabilities, render_rank_spec
@@ -38,7 +39,8 @@ def render_all(dcp: int, sparkcache: int) -> list[dict]:
         }
     )
     ranks = ring4()
-    return [render_rank_spec(profile, r, ranks[0], SPARK, IMAGE, "gb10").as_dict() for r in ranks]
+    lock = pinned_lock()
+    return [render_rank_spec(profile, r, ranks[0], SPARK, IMAGE, "gb10", lock).as_dict() for r in ranks]
 
 
 @pytest.mark.parametrize(("dcp", "sparkcache"), CASES)
