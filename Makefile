@@ -58,7 +58,8 @@ lint: deps
 # `make test`: ruff (seconds), then the ring's lifecycle test alone (it photographs the machine as
 # the run found it, so nothing else may run yet), then two lanes at once: the sim lane (every other
 # test under tests/, in order, in the foreground) and the unit lane (ansible-lint and tests/unit:
-# CPU only, no ring, no Docker, no fixed ports the sim lane uses), whose output goes to
+# CPU only, no ring, no Docker, no fixed ports the sim lane uses; no pytest cache, which the sim
+# lane's pytest writes), whose output goes to
 # $(UNIT_LANE_LOG) and is printed when both end. The sim lane spends much of its time waiting
 # (shaped links, vLLM start-up, Ansible round trips); the unit lane runs niced, so it fills those
 # waits rather than slowing the sim lane. Fails when either lane fails.
@@ -70,7 +71,7 @@ test: deps sim-model
 	$(BIN)/pytest $(LIFECYCLE_TEST)
 	@mkdir -p $(dir $(UNIT_LANE_LOG))
 	@echo "unit lane (ansible-lint, tests/unit) started beside the sim lane; its output: $(UNIT_LANE_LOG)"
-	@( nice -n 10 $(BIN)/ansible-lint --profile production && nice -n 10 $(BIN)/pytest --durations=20 tests/unit ) \
+	@( nice -n 10 $(BIN)/ansible-lint --profile production && nice -n 10 $(BIN)/pytest -p no:cacheprovider --durations=20 tests/unit ) \
 	  > $(UNIT_LANE_LOG) 2>&1 & unit=$$!; trap 'pkill -TERM -P $$unit; kill $$unit' INT TERM; \
 	$(BIN)/pytest --durations=40 tests --ignore=tests/unit --ignore=$(LIFECYCLE_TEST); sim=$$?; \
 	wait $$unit; unit_status=$$?; \
