@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import socket
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from types import ModuleType
 
@@ -36,3 +40,48 @@ def link_facts() -> ModuleType:
 @pytest.fixture(scope="session")
 def preflight() -> ModuleType:
     return _load_library("sparkring_preflight")
+
+
+class _UnixHTTPServer(HTTPServer):
+    address_family = socket.AF_UNIX
+
+    def server_bind(self):
+        self.socket.bind(self.server_address)
+
+    def get_request(self):
+        conn, _ = self.socket.accept()
+        return conn, ("local", 0)
+
+
+# What a stand-in for dockerd answers a GET for a path: (HTTP status, body).
+DockerReply = Callable[[str], tuple[int, bytes]]
+
+
+@pytest.fixture
+def docker_api(tmp_path: Path) -> Iterator[Callable[[DockerReply], str]]:
+    """dockerd's API as preflight reaches it, over a unix socket: `docker_api(reply)` serves every GET
+    with reply(path) and returns the socket's path; the server stops with the test."""
+    servers: list[_UnixHTTPServer] = []
+
+    def serve(reply: DockerReply) -> str:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                status, body = reply(self.path)
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        path = str(tmp_path / f"docker{len(servers)}.sock")
+        server = _UnixHTTPServer(path, Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return path
+
+    yield serve
+    for server in servers:
+        server.shutdown()
+        server.server_close()

@@ -10,8 +10,6 @@ import ipaddress
 import json
 import os
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -226,44 +224,21 @@ _DOCKER_REPLIES = {
 }
 
 
-class _DockerPing(BaseHTTPRequestHandler):
+def _dockerd(path: str) -> tuple[int, bytes]:
     """Answers the GETs preflight makes, the way dockerd does."""
-
-    def do_GET(self):
-        body = _DOCKER_REPLIES.get(self.path, b'{"message": "No such container"}')
-        self.send_response(200 if self.path in _DOCKER_REPLIES else 404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+    return (
+        (200, _DOCKER_REPLIES[path])
+        if path in _DOCKER_REPLIES
+        else (404, b'{"message": "No such container"}')
+    )
 
 
-class _UnixHTTPServer(HTTPServer):
-    address_family = socket.AF_UNIX
-
-    def server_bind(self):
-        self.socket.bind(self.server_address)
-
-    def get_request(self):
-        conn, _ = self.socket.accept()
-        return conn, ("local", 0)
-
-
-def test_docker_version_over_a_unix_socket(preflight, tmp_path):
-    path = str(tmp_path / "docker.sock")
-    server = _UnixHTTPServer(path, _DockerPing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        assert preflight.docker_version(f"unix://{path}") == "26.1.5 (API 1.45)"
-        assert preflight.cluster_container(f"unix://{path}", "abc", "sim") == "sparkring-r0"
-        assert preflight.cluster_container(f"unix://{path}", "abc", "other") is None
-        assert preflight.cluster_container(f"unix://{path}", "gone", "sim") is None
-    finally:
-        server.shutdown()
-        server.server_close()
+def test_docker_version_over_a_unix_socket(preflight, docker_api, tmp_path):
+    path = docker_api(_dockerd)
+    assert preflight.docker_version(f"unix://{path}") == "26.1.5 (API 1.45)"
+    assert preflight.cluster_container(f"unix://{path}", "abc", "sim") == "sparkring-r0"
+    assert preflight.cluster_container(f"unix://{path}", "abc", "other") is None
+    assert preflight.cluster_container(f"unix://{path}", "gone", "sim") is None
     with pytest.raises(OSError):
         preflight.docker_version(f"unix://{tmp_path}/absent.sock")
     with pytest.raises(ValueError, match="not a unix"):

@@ -4,9 +4,6 @@ less this cluster's own containers; fed with nvidia-smi's real output format and
 from __future__ import annotations
 
 import json
-import socket
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -90,44 +87,24 @@ def test_judge_gpu_free(preflight, gpu) -> None:
     assert error.status == "fail" and "cannot tell who holds the GPU" in error.detail
 
 
-class _Docker(BaseHTTPRequestHandler):
+def _dockerd(path: str) -> tuple[int, bytes]:
     """dockerd's GET /containers/<id>/json: OURS carries this cluster's label, OTHER another's."""
-
-    def do_GET(self):
-        labels = {OURS: {"sparkring.cluster": "ring4"}, OTHER: {"com.example": "notebook"}}
-        cid = self.path.split("/")[2]
-        known = self.path == f"/containers/{cid}/json" and cid in labels
-        body = json.dumps({"Name": f"/{cid[:4]}", "Config": {"Labels": labels.get(cid)}}).encode()
-        self.send_response(200 if known else 404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-class _UnixHTTPServer(HTTPServer):
-    address_family = socket.AF_UNIX
-
-    def server_bind(self):
-        self.socket.bind(self.server_address)
-
-    def get_request(self):
-        conn, _ = self.socket.accept()
-        return conn, ("local", 0)
+    labels = {OURS: {"sparkring.cluster": "ring4"}, OTHER: {"com.example": "notebook"}}
+    cid = path.split("/")[2]
+    known = path == f"/containers/{cid}/json" and cid in labels
+    return (200 if known else 404), json.dumps(
+        {"Name": f"/{cid[:4]}", "Config": {"Labels": labels.get(cid)}}
+    ).encode()
 
 
 def test_preflight_reads_nvidia_smi_and_asks_docker_whose_container_it_is(
-    preflight, gpu, proc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    preflight, gpu, proc: str, docker_api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The module's own path: nvidia-smi's rows, /proc, the Docker API for the cluster label."""
     monkeypatch.setattr(
         preflight, "foreign_processes", lambda rows, ours: gpu.foreign_processes(rows, ours, proc)
     )
-    path = str(tmp_path / "docker.sock")
-    server = _UnixHTTPServer(path, _Docker)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    path = docker_api(_dockerd)
     calls = []
 
     def run(argv):
@@ -141,11 +118,7 @@ def test_preflight_reads_nvidia_smi_and_asks_docker_whose_container_it_is(
         "docker_host": f"unix://{path}",
         "require_gpu": True,
     }
-    try:
-        result = preflight.Preflight(params, run, lambda name, required: f"/usr/bin/{name}")._gpu_free()
-    finally:
-        server.shutdown()
-        server.server_close()
+    result = preflight.Preflight(params, run, lambda name, required: f"/usr/bin/{name}")._gpu_free()
     assert calls == [["/usr/bin/nvidia-smi", *gpu.COMPUTE_APPS_ARGS]]
     assert (result.id, result.status, result.subject) == ("PF-GPU-FREE", "fail", "r2")
     assert "pid 2817 /usr/bin/python3" in result.detail and "pid 4242" in result.detail
