@@ -53,7 +53,10 @@ def management_routes(hostvars: dict[str, dict]) -> dict[str, list[dict[str, str
     """Per rank, one host route to each other rank's management address over a ring cable.
 
     A neighbour is reached over the cable joining the two; a rank further round goes through the
-    neighbour on the shorter side (ties go right), which forwards it on."""
+    neighbour on the shorter side (ties go right), which forwards it on. Each route names the rank's
+    own management address as the source: a socket that binds no address (torch's TCPStore client)
+    would otherwise leave with the ring port's address, which the far rank of a diagonal has no
+    route back to (the rendezvous then hangs)."""
     by_rank = {values["sparkring_rank"]: host for host, values in hostvars.items()}
     world = len(by_rank)
     routes: dict[str, list[dict[str, str]]] = {}
@@ -72,6 +75,7 @@ def management_routes(hostvars: dict[str, dict]) -> dict[str, list[dict[str, str
                     "to": hostvars[by_rank[peer]]["sparkring_management"]["address"],
                     "via": port["peer_address"],
                     "dev": port["interface"],
+                    "src": values["sparkring_management"]["address"],
                 }
             )
     return routes
@@ -99,7 +103,7 @@ def management_over_ring(hostvars: dict[str, dict]) -> Iterator[dict[str, list[d
             _sysctl(host, FORWARDING, "1")
             for route in host_routes:
                 _ip("-n", netns(host), "route", "replace", f"{route['to']}/32", "via", route["via"],
-                    "dev", route["dev"], "proto", ROUTE_PROTO)  # fmt: skip
+                    "dev", route["dev"], "src", route["src"], "proto", ROUTE_PROTO)  # fmt: skip
         yield routes
     finally:
         restore_leftovers()

@@ -88,15 +88,22 @@ def test_a_run_continues_across_calls_only_with_the_same_plan(tmp_path: Path) ->
 def test_stock_reaches_every_rank_over_the_ring_the_diagonal_through_a_neighbour() -> None:
     hostvars = cluster_hostvars(load_cluster_file(ROOT / "inventories" / "sim" / "cluster.yml"))
     routes = sim_network.management_routes(hostvars)
+    src = "198.19.254.10"  # r0's own management address: replies to it need no ring route back
     assert routes["r0"] == [
-        {"to": "198.19.254.11", "via": "198.19.0.2", "dev": "ring0"},  # r1 over cable r0-r1
-        {"to": "198.19.254.12", "via": "198.19.0.2", "dev": "ring0"},  # r2 through r1
-        {"to": "198.19.254.13", "via": "198.19.3.1", "dev": "ring1"},  # r3 over cable r3-r0
+        {"to": "198.19.254.11", "via": "198.19.0.2", "dev": "ring0", "src": src},  # r1 over cable r0-r1
+        {"to": "198.19.254.12", "via": "198.19.0.2", "dev": "ring0", "src": src},  # r2 through r1
+        {"to": "198.19.254.13", "via": "198.19.3.1", "dev": "ring1", "src": src},  # r3 over cable r3-r0
     ]
-    assert routes["r1"][2] == {"to": "198.19.254.13", "via": "198.19.1.2", "dev": "ring1"}  # r3 through r2
+    assert routes["r1"][2] == {
+        "to": "198.19.254.13",
+        "via": "198.19.1.2",
+        "dev": "ring1",
+        "src": "198.19.254.11",
+    }
     for host, host_routes in routes.items():  # every next hop is on one of the rank's own cables
         peers = {p["peer_address"] for p in hostvars[host]["sparkring_ports"]}
         assert len(host_routes) == 3 and {r["via"] for r in host_routes} <= peers
+        assert {r["src"] for r in host_routes} == {hostvars[host]["sparkring_management"]["address"]}
 
 
 @pytest.mark.parametrize(
