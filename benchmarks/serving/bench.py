@@ -27,7 +27,8 @@ Every deployment is appended to the deployments log beside the results (`<out>-d
 as soon as it is measured. A call runs at most `--deployments` of them (a bounded chunk: a launch
 takes minutes) and the next call continues the same run where it stopped, when its plan (target,
 sizes, commit) is the same; otherwise it starts a new run, and the unfinished one stays in the
-log, never reported. The results file (and its plot) is written when a run has every deployment,
+log, never reported; so does a run with a failed or stopped deployment (logged with `failed`: the
+next call starts a new run rather than measure that deployment again). The results file (and its plot) is written when a run has every deployment,
 and appended to the history beside it (`<out>-history.jsonl`: every complete run; a run recorded
 before runs were kept is there too, marked `seeded_from`).
 
@@ -348,7 +349,12 @@ def main() -> int:
                 "variant": name,
                 "started_utc": utc_now(),
             }
-            record |= target.deploy(index, variants[name], args.decode_tokens, args.rounds)
+            try:
+                record |= target.deploy(index, variants[name], args.decode_tokens, args.rounds)
+            except BaseException as error:  # a failed or stopped deployment ends its run, on the record
+                failed = f"{type(error).__name__}: {error}"[-4000:]
+                append_run(log, record | {"failed": failed, "call_id": call_id, "call": call.finish()})
+                raise
             record |= {"call_id": call_id, "call": call.finish()}
             append_run(log, record)
             run.append(record)

@@ -100,12 +100,13 @@ def deployments_log(out: Path) -> Path:
 
 
 def current_run(log: Path, plan: dict) -> tuple[str, list[dict]]:
-    """The run this call continues (the log's last, unfinished, with the same plan) or a new one."""
+    """The run this call continues (the log's last, unfinished, with the same plan and no failed
+    deployment: measuring that one again would replace its failure) or a new one."""
     records = load_runs(log)
     if records:
         last = records[-1]
         run = [r for r in records if r["run_id"] == last["run_id"]]
-        if last["plan"] == plan and len(run) < len(plan["order"]):
+        if last["plan"] == plan and len(run) < len(plan["order"]) and not any("failed" in r for r in run):
             return last["run_id"], run
     return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}", []
 

@@ -83,6 +83,9 @@ def test_a_run_continues_across_calls_only_with_the_same_plan(tmp_path: Path) ->
     assert other == [] and other_id != run_id
     append_run(log, {"run_id": run_id, "plan": plan, "index": 1})
     assert runs.current_run(log, plan)[1] == []  # that run is complete: the next call starts another
+    failed_id, _ = runs.current_run(log, plan)
+    append_run(log, {"run_id": failed_id, "plan": plan, "index": 0, "failed": "RuntimeError: launch failed"})
+    assert runs.current_run(log, plan)[1] == []  # a failed deployment ends its run: never measured again
 
 
 def test_stock_reaches_every_rank_over_the_ring_the_diagonal_through_a_neighbour() -> None:
