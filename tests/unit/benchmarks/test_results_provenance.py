@@ -24,7 +24,6 @@ BEFORE_PROVENANCE = {
     "sparkcache_h200_host.json": "the H200's 16-core host (device lane)",
     "serving-loopback.json": "the loopback serving run (stock then overlay, before interleaving)",
     "transport_burn.json": "the 1,000,000-iteration burn (about 17 minutes on this machine)",
-    "serving.json": "the sim serving run (stock then overlay, one launch each, before interleaving)",
 }
 FILES = sorted(path.name for path in RESULTS.glob("*.json"))
 # Every run kept (x-history.jsonl), and the serving benchmark's deployments (each with its call's record).
