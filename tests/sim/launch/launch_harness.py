@@ -111,10 +111,13 @@ class Launches:
         self.run = run
         self.outputs: list[str] = []
 
-    def playbook(self, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    def playbook(self, name: str, *extra: str, timeout: int = 1500) -> subprocess.CompletedProcess[str]:
+        """playbooks/<name>, or a playbook path from the project root (site.yml, a molecule
+        scenario's verify)."""
         os.environ.update(SECRETS)
         try:
-            done = self.run(["ansible-playbook", "-v", f"playbooks/{name}", *extra], timeout=1500)
+            path = f"playbooks/{name}" if (ROOT / "playbooks" / name).is_file() else name
+            done = self.run(["ansible-playbook", "-v", path, *extra], timeout=timeout)
         finally:
             for key in SECRETS:
                 os.environ.pop(key, None)

