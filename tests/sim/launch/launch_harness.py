@@ -1,6 +1,7 @@
 """What the sim launch tests share: the ranks' own Docker daemons, rank 0's API through the
-controller namespace, the project's playbooks run with the test secrets, and the overlay's
-flight recorders read off the ranks' private directories.
+controller namespace (its completions and its /metrics), the project's playbooks run with the test
+secrets, and the overlay's flight recorders and SparkCache's snapshots read off the ranks' private
+directories.
 
 Every call is bounded; nothing here starts or stops a deployment by itself.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -52,8 +54,10 @@ def container_ids() -> dict[str, str]:
     }
 
 
-def container_log(host: str) -> str:
-    logs = docker(host, "logs", f"sparkring-rank{host[1:]}")
+def container_log(host: str, since: float | None = None) -> str:
+    """The rank's container log, whole or from `since` (a Unix time) on."""
+    window = ["--since", f"{since:.3f}"] if since is not None else []
+    logs = docker(host, "logs", *window, f"sparkring-rank{host[1:]}")
     return logs.stdout + logs.stderr
 
 
@@ -159,3 +163,45 @@ def dump_flight_recorders(timeout_s: float = 60) -> dict[str, dict]:
             return dumps
         time.sleep(0.5)
     raise TimeoutError(f"the workers {pids} did not all dump their flight recorder in {timeout_s}s")
+
+
+def snapshots(host: str) -> list[Path]:
+    """The SparkCache snapshots the rank has published (its store outlives deployments)."""
+    return sorted((SIM_RANKS / host / "var-lib-sparkring" / "sparkcache").glob("id-*/snapshots/*.json"))
+
+
+def wait_for_snapshots(before: dict[str, int], timeout_s: float = 120) -> dict[str, int]:
+    """SparkCache publishes after the request finishes: wait (bounded) until every rank has."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = {host: len(snapshots(host)) for host in RANKS}
+        if all(now[host] > before[host] for host in RANKS):
+            return now
+        time.sleep(1)
+    raise TimeoutError(f"SparkCache snapshots per rank stayed {before} for {timeout_s}s")
+
+
+SERIES = re.compile(r"^(sparkring:\w+)\{([^}]*)\} (\S+)$", re.M)
+
+
+def metrics() -> dict[tuple[str, frozenset], float]:
+    """Rank 0's /metrics (vLLM's own endpoint), the sparkring:* series by name and labels."""
+    done = subprocess.run(
+        ["ip", "netns", "exec", "sr-ctl", "curl", "-sS", "--max-time", "30", f"{HEAD_API}/metrics"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return {
+        (name, frozenset(re.findall(r'(\w+)="([^"]*)"', labels))): float(value)
+        for name, labels, value in SERIES.findall(done.stdout)
+    }
+
+
+def moved(before: dict, after: dict, name: str, **labels: str) -> float:
+    """How far the series of `name` matching `labels` moved (summed over their other labels)."""
+    want = set(labels.items())
+
+    def total(scrape: dict) -> float:
+        return sum(v for (n, ls), v in scrape.items() if n == name and want <= ls)
+
+    return total(after) - total(before)

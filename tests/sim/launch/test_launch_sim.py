@@ -11,16 +11,25 @@ patched file is refused by `launch.yml --check`; a deliberately failing gate put
 back and it answers again; the secrets set for every launch appear in no attestation record, no
 Ansible output and no container log.
 
-Then the acceptance playbook, last because it replaces the containers (and its burn fault leaves
-them stopped): `--check` lists every gate and touches nothing; the full run passes every gate and
-its evidence folder holds every gate's JSON, the burn report, the attestation records, the
-flight-recorder dumps, the SparkCache lines, the site.yml --check output, the metrics, the cells'
-plot and the summary; a lock input changed on rank 2 fails AC-LOCK naming rank 2; the burn's test
-hook corrupting rank 2's results fails AC-RING-BURN naming rank 2 and leaves the model down. The
-fault runs run only the gate they break. The other faults of issue 17 are unit tests of the gate
-rules and inspectors on real processes and servers (tests/unit/acceptance, docs/acceptance.md).
+Then the acceptance playbook (it replaces the containers): `--check` lists every gate and touches
+nothing; the full run passes every gate and its evidence folder holds every gate's JSON, the burn
+report, the attestation records, the flight-recorder dumps, the SparkCache lines, the site.yml
+--check output, the metrics, the cells' plot and the summary.
 
-One deployment serves both halves because a TP4 deployment costs minutes of CI's two cores. The
+Then serving in both overlay modes: the deployment the acceptance run relaunched (custom, as
+shipped) carries every all-reduce on the ring and publishes a long prompt to SparkCache on every
+rank; the same profile in shadow mode (a four-process replacement) runs every collective on the
+ring and on stock gloo and returns stock's result: custom answers token for token what stock
+answers, shadow counts zero mismatches, every rank restores the long prompt, and rank 0's /metrics
+shows the ring, the cables and SparkCache moving.
+
+Last, the acceptance faults, on the shadow deployment, each running only the gate it breaks: a
+lock input changed on rank 2 fails AC-LOCK naming rank 2; the burn's test hook corrupting rank 2's
+results fails AC-RING-BURN naming rank 2 and leaves the model down. The other faults of issue 17
+are unit tests of the gate rules and inspectors on real processes and servers
+(tests/unit/acceptance, docs/acceptance.md).
+
+One deployment serves all of it because a TP4 deployment costs minutes of CI's two cores. The
 module's teardown stops and removes every container it started (stop.yml), always: the pair
 (test_pair_site.py, next) must not run beside it.
 """
@@ -28,7 +37,10 @@ module's teardown stops and removes every container it started (stop.yml), alway
 from __future__ import annotations
 
 import json
+import random
+import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -41,9 +53,18 @@ from launch_harness import (
     Launches,
     complete,
     container_ids,
+    container_log,
     docker,
     docker_build,
+    dump_flight_recorders,
+    metrics,
+    moved,
+    profile_variant,
+    snapshots,
+    wait_for_snapshots,
 )
+
+from sparkcache import CHUNK_TOKENS
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
@@ -386,6 +407,9 @@ def test_acceptance_passes_every_gate_and_writes_its_evidence(accepted) -> None:
     assert "sparkring:ring_collectives_total" in (folder / "metrics" / "after-cells.prom").read_text()
     assert "PLAY RECAP" in (folder / "site-check.log").read_text()
     assert json.loads((folder / "burn.json").read_text())["status"] == "passed"
+    for secret in SECRETS.values():  # the launch's secrets reach no evidence file and no output
+        assert secret not in done.stdout + done.stderr
+        assert not [p for p in folder.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
 
 
 def test_acceptance_gates_saw_what_the_sim_runs(accepted) -> None:
@@ -412,7 +436,133 @@ def test_acceptance_gates_saw_what_the_sim_runs(accepted) -> None:
         assert len({a["ring"] for a in cell["ring_audit"].values()}) == 1  # the ranks ran in lock-step
 
 
-def test_acceptance_fails_lock_naming_rank_2_when_its_model_file_changed(deployment, evidence) -> None:
+# -- custom and shadow mode on this deployment (after the acceptance run, whose relaunch left the
+# sim profile as shipped running; before the faults, which end with the model down) ---------------
+
+PROMPTS = ["The ring of four", "def fibonacci(n):", "import os\nimport sys\n\nclass", "for i in range(10):"]
+LONG_TOKENS = 600  # two full SparkCache chunks restorable; the tail is recomputed
+RESTORED = (LONG_TOKENS - 1) // CHUNK_TOKENS * CHUNK_TOKENS
+LOADED = re.compile(r"SparkCache: loaded (\d+) tokens \((\d+) page\(s\) verified\)")
+
+
+def long_prompt(seed: int) -> list[int]:
+    """Token ids no earlier run has cached (the ranks' stores outlive deployments)."""
+    rng = random.Random(seed)
+    return [rng.randrange(4, 1000) for _ in range(LONG_TOKENS)]
+
+
+def serve(long: list[int]) -> dict:
+    """The prompts (three times) and the long prompt through rank 0, and what the ranks showed
+    meanwhile: rank 0's /metrics, the flight recorders, the containers' log lines since."""
+    since = time.time()
+    scrape_before = metrics()
+    texts = [complete(p, max_tokens=16)["choices"][0]["text"] for p in PROMPTS * 3]
+    before = {host: len(snapshots(host)) for host in RANKS}
+    long_text = complete(long, max_tokens=8)["choices"][0]["text"]
+    return {
+        "texts": texts,
+        "long_text": long_text,
+        "metrics_before": scrape_before,
+        "metrics_after": metrics(),
+        "snapshots_before": before,
+        "dumps": dump_flight_recorders(),
+        "logs": {host: container_log(host, since) for host in RANKS},
+    }
+
+
+def metrics_after_publication(before: dict, tries: int = 10) -> dict:
+    """A later step carries the publishers' counts to /metrics: complete until every rank's show."""
+    for _ in range(tries):
+        complete(PROMPTS[0], max_tokens=2)
+        after = metrics()
+        stored = [
+            moved(before, after, "sparkring:sparkcache_pages_total", event="stored", rank=r) for r in "0123"
+        ]
+        if min(stored) >= RESTORED // CHUNK_TOKENS:
+            break
+    return after
+
+
+@pytest.fixture(scope="module")
+def served(deployment, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The running deployment (custom, as shipped): the ring carries the all-reduces and a long prompt
+    is published to SparkCache on every rank; then the same profile in shadow mode, a four-process
+    replacement: every collective runs on the ring and on stock gloo and stock's result is returned,
+    so its completions are stock's, and the long prompt is restored from SparkCache on every rank."""
+    shadow_profile = profile_variant(tmp_path_factory.mktemp("shadow"), OVERLAY_MODE="shadow")
+    long = long_prompt(time.time_ns())
+    custom = serve(long)
+    custom["snapshots_after"] = wait_for_snapshots(custom["snapshots_before"])
+    custom["metrics_published"] = metrics_after_publication(custom["metrics_before"])
+    done = deployment.playbook("launch.yml", "-e", f"launch_profile_file={shadow_profile}")
+    assert done.returncode == 0, f"shadow launch failed:\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
+    return {"custom": custom, "shadow": serve(long), "shadow_profile": str(shadow_profile)}
+
+
+def test_custom_mode_answers_token_for_token_what_stock_answers(served) -> None:
+    assert all(served["custom"]["texts"])
+    assert served["custom"]["texts"] == served["shadow"]["texts"]
+
+
+def test_the_ring_carried_every_all_reduce_in_custom_mode(served) -> None:
+    dumps = served["custom"]["dumps"]
+    assert {host: dump["rank"] for host, dump in dumps.items()} == {h: int(h[1:]) for h in RANKS}
+    counters = [dump["counters"] for dump in dumps.values()]
+    assert all(dump["mode"] == "custom" for dump in dumps.values())
+    assert all(c == counters[0] for c in counters)  # lock-step: the same collectives on every rank
+    assert counters[0]["all_reduce.ring"] > 100
+    assert "all_reduce.fallback" not in counters[0] and "all_reduce.stock" not in counters[0]
+
+
+def test_shadow_mode_counts_zero_mismatches(served) -> None:
+    for dump in served["shadow"]["dumps"].values():
+        c = dump["counters"]
+        assert dump["mode"] == "shadow"
+        assert c["all_reduce.shadow_compared"] == c["all_reduce.ring"] == c["all_reduce.stock"] > 100
+        assert not {k: v for k, v in c.items() if k.endswith("shadow_mismatch")}
+
+
+def test_every_rank_restores_the_long_prompt_after_the_replacement(served) -> None:
+    assert not any(LOADED.search(log) for log in served["custom"]["logs"].values())  # a cold store
+    for host in RANKS:
+        loaded = LOADED.findall(served["shadow"]["logs"][host])
+        assert loaded and int(loaded[0][0]) == RESTORED, (host, served["shadow"]["logs"][host][-3000:])
+    assert served["shadow"]["long_text"] == served["custom"]["long_text"]
+
+
+def test_rank_0_metrics_show_the_ring_the_cables_and_sparkcache_moving(served) -> None:
+    """vLLM's /metrics on rank 0 carries every rank's sparkring:* series (KV-connector stats hooks)."""
+    custom, shadow = served["custom"], served["shadow"]
+    before, after = custom["metrics_before"], custom["metrics_after"]
+    for rank in ("0", "1", "2", "3"):
+        ring = moved(
+            before, after, "sparkring:ring_collectives_total", op="all_reduce", path="ring", rank=rank
+        )
+        assert ring > 100, (rank, ring)
+        for peer in {str((int(rank) + 1) % 4), str((int(rank) + 3) % 4)}:
+            assert moved(before, after, "sparkring:transport_bytes_total", link=f"{rank}->{peer}") > 0
+        stored = moved(
+            before, custom["metrics_published"], "sparkring:sparkcache_pages_total", event="stored", rank=rank
+        )
+        assert stored >= RESTORED // CHUNK_TOKENS, (rank, stored)
+    assert moved(before, after, "sparkring:transport_errors_total") == 0
+    assert moved(before, after, "sparkring:shadow_comparisons_total") == 0  # custom mode compares nothing
+    before, after = shadow["metrics_before"], shadow["metrics_after"]
+    assert moved(before, after, "sparkring:shadow_comparisons_total", op="all_reduce") > 100
+    assert moved(before, after, "sparkring:shadow_mismatches_total") == 0
+    for rank in ("0", "1", "2", "3"):
+        for event in ("verified", "restored"):
+            pages = moved(before, after, "sparkring:sparkcache_pages_total", event=event, rank=rank)
+            assert pages == RESTORED // CHUNK_TOKENS, (rank, event, pages)
+        assert moved(before, after, "sparkring:sparkcache_restore_bytes_total", rank=rank) > 0
+
+
+# -- the acceptance faults, last: the shadow deployment runs, and the burn fault leaves it down ------
+
+
+def test_acceptance_fails_lock_naming_rank_2_when_its_model_file_changed(
+    deployment, evidence, served
+) -> None:
     """AC-LOCK alone (it only reads): one pinned model file changed on rank 2. Putting the bytes back
     leaves the file newer than the model stage's record, so the stage runs again, as the gate's
     fix says (else the next launch on this ring refuses rank 2's model)."""
@@ -420,7 +570,9 @@ def test_acceptance_fails_lock_naming_rank_2_when_its_model_file_changed(deploym
     original = config.read_bytes()
     try:
         config.write_bytes(original.replace(b"{", b"{ ", 1))
-        done, folder = accept(deployment, evidence / "lock", "AC-LOCK")
+        done, folder = accept(
+            deployment, evidence / "lock", "AC-LOCK", launch_profile_file=served["shadow_profile"]
+        )
     finally:
         config.write_bytes(original)
         restored = deployment.playbook("model.yml")
@@ -433,11 +585,18 @@ def test_acceptance_fails_lock_naming_rank_2_when_its_model_file_changed(deploym
     assert "RESULT: FAILED. AC-LOCK failed on rank 2" in (folder / "summary.txt").read_text()
 
 
-def test_acceptance_fails_ring_burn_naming_rank_2_and_leaves_the_model_down(deployment, evidence) -> None:
+def test_acceptance_fails_ring_burn_naming_rank_2_and_leaves_the_model_down(
+    deployment, evidence, served
+) -> None:
     """AC-RING-BURN alone, its test hook corrupting rank 2's results. Last in the module: a failed
     burn leaves the deployment stopped, as on Sparks (the module's teardown removes it)."""
     done, folder = accept(
-        deployment, evidence / "burn", "AC-RING-BURN", qualify_burn_flip_rank=2, **LEAN_BURN
+        deployment,
+        evidence / "burn",
+        "AC-RING-BURN",
+        qualify_burn_flip_rank=2,
+        launch_profile_file=served["shadow_profile"],
+        **LEAN_BURN,
     )
     assert done.returncode != 0
     flat = " ".join(done.stdout.split())
