@@ -48,38 +48,10 @@ options:
   manifest:
     description: The manifest C(state=exported) returned (C(state=present)).
     type: dict
-  rank:
-    description: This host's rank (hostvar C(sparkring_rank)).
-    type: int
-  world_size:
-    description: Number of ranks (hostvar C(sparkring_world_size)).
-    type: int
-  ports:
-    description: This rank's ring ports (hostvar C(sparkring_ports)); C(peer_rank), C(address), C(peer_address) are used.
-    type: list
-    elements: dict
-  transfer:
-    description:
-      - Run the transfer agent. Every rank must run it when any rank lacks the archive, because relays
-        forward for their neighbours; the role sets it from the check-mode results of all ranks.
-    type: bool
-    default: true
   port:
     description: TCP port the fan-out listens on, on the ring addresses only.
     type: int
     default: 29610
-  connect_timeout:
-    description: Seconds to wait for a neighbour to connect or to accept a connection.
-    type: int
-    default: 120
-  io_timeout:
-    description: Seconds without progress on a link before the transfer fails, naming the edge.
-    type: int
-    default: 60
-  max_resends:
-    description: How often a chunk that fails verification is asked for again.
-    type: int
-    default: 3
   reserve_bytes:
     description: Bytes that must stay free in O(dest) (and in Docker's root) after the transfer.
     type: int
@@ -88,20 +60,12 @@ options:
     description: Load the image into Docker when it is missing and check its identity.
     type: bool
     default: true
-  max_rate_mbit:
-    description: Pace each link this rank sends on to at most this many Mbit/s (0 = as fast as the link goes).
-    type: int
-    default: 0
   docker_host:
     description: C(DOCKER_HOST) for this rank's daemon; unset uses the default socket.
     type: str
-  fault_corrupt_chunks:
-    description: Fault injection for tests only. Chunk indices this rank corrupts once when it sends them.
-    type: list
-    elements: int
-    default: []
 extends_documentation_fragment:
   - action_common_attributes
+  - sparkring_fanout
 attributes:
   check_mode:
     support: full
@@ -156,7 +120,7 @@ received_bytes:
   returned: state=present
   type: int
 resumed_chunks:
-  description: Chunks of an interrupted transfer that were kept because they still matched the manifest.
+  description: Chunks already here (an interrupted transfer, a damaged copy) kept because they still matched the manifest.
   returned: state=present
   type: int
 rejected_chunks:
@@ -181,15 +145,17 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sparkring_fanout import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_PORT,
+    TRANSFER_OPTIONS,
     FanoutError,
     FileSet,
-    Link,
     Manifest,
     ManifestBuilder,
     RankAgent,
-    RankConfig,
+    Stats,
     check_space,
     final_state,
+    rank_config,
+    transfer_result,
 )
 from ansible.module_utils.sparkring_fanout_docker import (
     DockerError,
@@ -292,11 +258,7 @@ class ImageFanout:
             "archive": path,
             "lacks": lacks,
             "image_id": loaded,
-            "received_bytes": 0,
-            "resumed_chunks": 0,
-            "rejected_chunks": 0,
-            "sent_bytes": {},
-            "refused": [],
+            **transfer_result(Stats()),
         }
         self._check_space(manifest, lacks)
         after = {"archive": "verified", "image_id": manifest.image_id if self.params["load"] else loaded}
@@ -334,36 +296,12 @@ class ImageFanout:
 
     def _transfer(self, manifest: Manifest) -> dict:
         os.makedirs(self.dest, exist_ok=True)
-        links = [
-            Link(int(port["peer_rank"]), str(port["address"]), str(port["peer_address"]))
-            for port in self.params["ports"] or []
-        ]
-        config = RankConfig(
-            files=FileSet((manifest,)),
-            dest=self.dest,
-            rank=self.params["rank"],
-            world_size=self.params["world_size"],
-            links=links,
-            port=self.params["port"],
-            connect_timeout=float(self.params["connect_timeout"]),
-            io_timeout=float(self.params["io_timeout"]),
-            max_resends=self.params["max_resends"],
-            progress_path=os.path.join(self.dest, manifest.name + ".progress.json"),
-            reserve_bytes=self.params["reserve_bytes"],
-            max_rate_mbit=self.params["max_rate_mbit"],
-            fault_corrupt_chunks=frozenset(self.params["fault_corrupt_chunks"]),
-        )
+        progress = os.path.join(self.dest, manifest.name + ".progress.json")
+        config = rank_config(self.params, FileSet((manifest,)), self.dest, progress)
         try:
-            stats = RankAgent(config).run()
+            return transfer_result(RankAgent(config).run())
         except (FanoutError, OSError) as error:
             self.module.fail_json(msg=f"rank {config.rank}: fan-out of {manifest.name} failed: {error}")
-        return {
-            "received_bytes": stats.received_bytes,
-            "resumed_chunks": stats.resumed_chunks,
-            "rejected_chunks": stats.rejected_chunks,
-            "sent_bytes": stats.sent_bytes,
-            "refused": stats.refused,
-        }
 
     def _check_space(self, manifest: Manifest, lacks: list[str]) -> None:
         """Before any byte moves: the archive fits in dest, the image fits in Docker's root."""
@@ -411,19 +349,11 @@ def main() -> None:
             "chunk_size": {"type": "int", "default": DEFAULT_CHUNK_SIZE},
             "compression_level": {"type": "int", "default": 3},
             "manifest": {"type": "dict"},
-            "rank": {"type": "int"},
-            "world_size": {"type": "int"},
-            "ports": {"type": "list", "elements": "dict"},
-            "transfer": {"type": "bool", "default": True},
+            **TRANSFER_OPTIONS,
             "port": {"type": "int", "default": DEFAULT_PORT},
-            "connect_timeout": {"type": "int", "default": 120},
-            "io_timeout": {"type": "int", "default": 60},
-            "max_resends": {"type": "int", "default": 3},
             "reserve_bytes": {"type": "int", "default": 1 << 30},
             "load": {"type": "bool", "default": True},
-            "max_rate_mbit": {"type": "int", "default": 0},
             "docker_host": {"type": "str"},
-            "fault_corrupt_chunks": {"type": "list", "elements": "int", "default": []},
         },
         required_if=[
             ("state", "exported", ("image",)),

@@ -85,53 +85,17 @@ options:
     description: The chunk manifest C(state=obtained) returned on rank 0 (C(state=present)).
     type: list
     elements: dict
-  rank:
-    description: This host's rank (hostvar C(sparkring_rank)).
-    type: int
-  world_size:
-    description: Number of ranks (hostvar C(sparkring_world_size)).
-    type: int
-  ports:
-    description: This rank's ring ports (hostvar C(sparkring_ports)); C(peer_rank), C(address), C(peer_address) are used.
-    type: list
-    elements: dict
-  transfer:
-    description:
-      - Run the transfer agent. Every rank must run it when any rank lacks a file, because relays
-        forward for their neighbours; the role sets it from the plans of all ranks.
-    type: bool
-    default: true
   port:
     description: TCP port the transfer listens on, on the ring addresses only.
     type: int
     default: 29620
-  connect_timeout:
-    description: Seconds to wait for a neighbour to connect or to accept a connection.
-    type: int
-    default: 120
-  io_timeout:
-    description: Seconds without progress on a link before the transfer fails, naming the edge.
-    type: int
-    default: 60
-  max_resends:
-    description: How often a chunk that fails verification is asked for again.
-    type: int
-    default: 3
   reserve_bytes:
     description: Bytes that must stay free beside O(path) after the files arrive; checked before any byte moves.
     type: int
     default: 1073741824
-  max_rate_mbit:
-    description: Pace each link this rank sends on to at most this many Mbit/s (0 = as fast as the link goes).
-    type: int
-    default: 0
-  fault_corrupt_chunks:
-    description: Fault injection for tests only. Chunk indices this rank corrupts once when it sends them.
-    type: list
-    elements: int
-    default: []
 extends_documentation_fragment:
   - action_common_attributes
+  - sparkring_fanout
 attributes:
   check_mode:
     support: full
@@ -216,7 +180,7 @@ received_bytes:
   returned: state=present
   type: int
 resumed_chunks:
-  description: Chunks of an interrupted or damaged copy kept because they still matched the manifest.
+  description: Chunks already here (an interrupted transfer, a damaged copy) kept because they still matched the manifest.
   returned: state=present
   type: int
 rejected_chunks:
@@ -241,16 +205,18 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sparkring_fanout import (
+    TRANSFER_OPTIONS,
     FanoutError,
     FileSet,
-    Link,
     Manifest,
     ManifestBuilder,
     RankAgent,
-    RankConfig,
+    Stats,
     build_manifest,
     free_bytes,
     fsync_dir,
+    rank_config,
+    transfer_result,
 )
 from ansible.module_utils.sparkring_integrity import sha256_file, write_json_atomic
 from ansible.module_utils.sparkring_model import (
@@ -561,7 +527,7 @@ class ModelStage:
         self.check_filesystem()
         held = self.assess()
         result = self.plan(held)
-        result.update(received_bytes=0, resumed_chunks=0, rejected_chunks=0, sent_bytes={}, refused=[])
+        result.update(transfer_result(Stats()))
         self.check_space(result["lacks_bytes"])
         if self.module.check_mode:
             return result
@@ -594,37 +560,11 @@ class ModelStage:
         return fileset
 
     def transfer(self, fileset: FileSet, dest: str, complete: frozenset[str]) -> dict:
-        links = [
-            Link(int(port["peer_rank"]), str(port["address"]), str(port["peer_address"]))
-            for port in self.params["ports"] or []
-        ]
-        config = RankConfig(
-            files=fileset,
-            dest=dest,
-            rank=self.params["rank"],
-            world_size=self.params["world_size"],
-            links=links,
-            port=self.params["port"],
-            connect_timeout=float(self.params["connect_timeout"]),
-            io_timeout=float(self.params["io_timeout"]),
-            max_resends=self.params["max_resends"],
-            progress_path=self.where.progress,
-            reserve_bytes=self.params["reserve_bytes"],
-            max_rate_mbit=self.params["max_rate_mbit"],
-            fault_corrupt_chunks=frozenset(self.params["fault_corrupt_chunks"]),
-            complete=complete,
-        )
+        config = rank_config(self.params, fileset, dest, self.where.progress, complete)
         try:
-            stats = RankAgent(config).run()
+            return transfer_result(RankAgent(config).run())
         except (FanoutError, OSError) as error:
             self.fail(f"{self.who}: fan-out of {self.params['name']} failed: {error}")
-        return {
-            "received_bytes": stats.received_bytes,
-            "resumed_chunks": stats.resumed_chunks,
-            "rejected_chunks": stats.rejected_chunks,
-            "sent_bytes": stats.sent_bytes,
-            "refused": stats.refused,
-        }
 
     # -- reporting -------------------------------------------------------------------------------
     def progress(self, phase: str) -> None:
@@ -654,17 +594,9 @@ def main() -> None:
             "chunk_size": {"type": "int", "default": 16 * MIB},
             "verify": {"type": "str", "choices": ["stat", "full"], "default": "stat"},
             "fileset": {"type": "list", "elements": "dict"},
-            "rank": {"type": "int"},
-            "world_size": {"type": "int"},
-            "ports": {"type": "list", "elements": "dict"},
-            "transfer": {"type": "bool", "default": True},
+            **TRANSFER_OPTIONS,
             "port": {"type": "int", "default": 29620},
-            "connect_timeout": {"type": "int", "default": 120},
-            "io_timeout": {"type": "int", "default": 60},
-            "max_resends": {"type": "int", "default": 3},
             "reserve_bytes": {"type": "int", "default": 1 << 30},
-            "max_rate_mbit": {"type": "int", "default": 0},
-            "fault_corrupt_chunks": {"type": "list", "elements": "int", "default": []},
         },
         required_if=[
             ("source", "hub", ("repository",)),

@@ -770,6 +770,60 @@ def config_from_dict(data: dict) -> RankConfig:
     )
 
 
+# The transfer options both fan-out modules (sparkring_image_fanout, sparkring_model) take, as
+# argument_spec entries; plugins/doc_fragments/sparkring_fanout.py documents them. Each module adds
+# its own `port` (default) and `reserve_bytes` (what must stay free where, differs per module).
+TRANSFER_OPTIONS: dict[str, dict] = {
+    "rank": {"type": "int"},
+    "world_size": {"type": "int"},
+    "ports": {"type": "list", "elements": "dict"},
+    "transfer": {"type": "bool", "default": True},
+    "connect_timeout": {"type": "int", "default": 120},
+    "io_timeout": {"type": "int", "default": 60},
+    "max_resends": {"type": "int", "default": 3},
+    "max_rate_mbit": {"type": "int", "default": 0},
+    "fault_corrupt_chunks": {"type": "list", "elements": "int", "default": []},
+}
+
+
+def rank_config(
+    params: dict, files: FileSet, dest: str, progress_path: str, complete: frozenset[str] = frozenset()
+) -> RankConfig:
+    """This rank's agent from a fan-out module's parameters (TRANSFER_OPTIONS, port, reserve_bytes):
+    the links are the inventory's ring ports (sparkring_ports), one per neighbour."""
+    return RankConfig(
+        files=files,
+        dest=dest,
+        rank=params["rank"],
+        world_size=params["world_size"],
+        links=[
+            Link(int(port["peer_rank"]), str(port["address"]), str(port["peer_address"]))
+            for port in params["ports"] or []
+        ],
+        port=params["port"],
+        connect_timeout=float(params["connect_timeout"]),
+        io_timeout=float(params["io_timeout"]),
+        max_resends=params["max_resends"],
+        progress_path=progress_path,
+        reserve_bytes=params["reserve_bytes"],
+        max_rate_mbit=params["max_rate_mbit"],
+        fault_corrupt_chunks=frozenset(params["fault_corrupt_chunks"]),
+        complete=complete,
+    )
+
+
+def transfer_result(stats: Stats) -> dict:
+    """What a fan-out module returns about its transfer (Stats() for a run that moved nothing);
+    both modules' RETURN document exactly these keys (tests/unit/image keeps them equal)."""
+    return {
+        "received_bytes": stats.received_bytes,
+        "resumed_chunks": stats.resumed_chunks,
+        "rejected_chunks": stats.rejected_chunks,
+        "sent_bytes": stats.sent_bytes,
+        "refused": stats.refused,
+    }
+
+
 def _main(argv: list[str]) -> int:
     """``manifest FILE [CHUNK_SIZE]`` prints a manifest; ``run`` reads a RankConfig as JSON on stdin."""
     if len(argv) >= 2 and argv[0] == "manifest":
