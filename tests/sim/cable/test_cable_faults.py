@@ -131,7 +131,8 @@ def test_swapped_cables(run_qualify):
 
 
 def test_throttled_link_warns(run_qualify):
-    """tc tbf at 20 Mbit/s on both ends of cable r2-r3: far slower than the other cables."""
+    """tc tbf at 20 Mbit/s on both ends of cable r2-r3: far slower than the other cables (the
+    probes alone: the burn is test_every_edge_qualifies_with_latency_and_bandwidth's)."""
     shape = [
         "tc",
         "qdisc",
@@ -149,7 +150,8 @@ def test_throttled_link_warns(run_qualify):
     ]
     unshape = ["tc", "qdisc", "del", "dev", "ring0", "root"]
     with fault([("r2", shape), ("r3", shape)], [("r2", unshape), ("r3", unshape)]):
-        done, report = run_qualify()
+        # the probes' verdict is the subject: the burn's 8 MiB collectives would crawl over 20 Mbit/s
+        done, report = run_qualify("-e", "qualify_burn=false")
     assert done.returncode == 0, "a warning must not fail the stage by default"
     edges = _edges(report)
     slow = edges["r2-r3"]
@@ -166,14 +168,16 @@ def test_throttled_link_warns(run_qualify):
 
 def test_docker_forward_drop_policy_does_not_touch_ring_traffic(run_qualify):
     """Docker sets the FORWARD policy to DROP; ring traffic is neighbour to neighbour and never
-    forwarded (the fabric stage turns forwarding off on ring ports), so every edge still qualifies."""
+    forwarded (the fabric stage turns forwarding off on ring ports), so every edge still qualifies.
+    Both frame sizes run: the ring-relative speed check needs every size to agree before it warns,
+    which is what keeps a busy moment on the shared 2 cores from reading as a slow cable."""
     hosts = ("r0", "r1", "r2", "r3")
     policies = {h: _netns(h, "iptables", "-S", "FORWARD").stdout.splitlines()[0].split()[-1] for h in hosts}
     with fault(
         [(h, ["iptables", "-P", "FORWARD", "DROP"]) for h in hosts],
         [(h, ["iptables", "-P", "FORWARD", policies[h]]) for h in hosts],
     ):
-        done, report = run_qualify("-e", '{"qualify_frame_sizes": [16384]}')
+        done, report = run_qualify()
     assert done.returncode == 0, done.stdout[-4000:]
     assert {edge["status"] for edge in report["edges"]} == {"qualified"}, report["edges"]
     assert all(
