@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 import subprocess
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -50,7 +51,14 @@ def load_runs(history: Path) -> list[dict]:
 
 
 def source_trees(paths: Iterable[str], root: Path = ROOT) -> dict[str, str]:
-    """The git tree hash at HEAD of each path (a file or folder): what a run measured."""
+    """The git tree hash of each path (a file or folder): what a run measured.
+
+    Read from HEAD in a checkout; in a copy that names its commit in SPARKRING_SOURCE_COMMIT (the
+    device lane's, whose .git is not the commit the files came from) hashed from the files
+    themselves, through a throwaway index, so that the hashes are the ones HEAD would give for
+    the same files."""
+    if os.environ.get("SPARKRING_SOURCE_COMMIT"):
+        return {path: _working_tree_hash(root, path) for path in paths}
     trees = {}
     for path in paths:
         done = subprocess.run(
@@ -60,6 +68,27 @@ def source_trees(paths: Iterable[str], root: Path = ROOT) -> dict[str, str]:
             raise SystemExit(f"{path} is not in the checked-out commit: {done.stderr.strip()}")
         trees[path] = done.stdout.strip()
     return trees
+
+
+def _working_tree_hash(root: Path, path: str) -> str:
+    """The blob (a file) or tree (a folder) hash git would record for `path` as it is on disk."""
+    if not (root / path).exists():
+        raise SystemExit(f"{path} is not in this copy of the checkout ({root})")
+    with tempfile.TemporaryDirectory() as scratch:
+        env = dict(os.environ, GIT_INDEX_FILE=str(Path(scratch) / "index"))
+
+        def git(*argv: str) -> str:
+            done = subprocess.run(
+                ["git", "-C", str(root), *argv], capture_output=True, text=True, env=env, check=False
+            )
+            if done.returncode != 0:
+                raise SystemExit(f"hashing {path} in {root}: git {argv[0]}: {done.stderr.strip()}")
+            return done.stdout.strip()
+
+        if (root / path).is_file():
+            return git("hash-object", "--", path)
+        git("add", "--all", "--", path)
+        return git("write-tree", f"--prefix={path.rstrip('/')}/")
 
 
 def median_of(runs: list[dict], key: str) -> float:

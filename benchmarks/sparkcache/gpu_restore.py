@@ -12,6 +12,9 @@ one long context published turn by turn and restored by one request, as in run.p
     python3 -m benchmarks.sparkcache.gpu_restore --out OUT.json [--mib 512]
     (in a copy without .git, such as the device lane's, set SPARKRING_SOURCE_COMMIT=<sha>[+dirty])
 
+Every run is also appended, with its provenance, to the history beside --out
+(OUT-history.jsonl), so a later run adds to the record instead of replacing it.
+
 Needs torch with CUDA and a GPU; prints a reason and exits 0 otherwise.
 """
 
@@ -29,6 +32,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from benchmarks.history import append_run, history_path
 from benchmarks.provenance import RunProvenance
 from benchmarks.sparkcache import run
 
@@ -196,6 +200,7 @@ def main() -> None:
     result = bench(args.dir, args.mib, args.rounds) | {"provenance": started.finish()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    append_run(history_path(args.out), result)
     print(json.dumps(result, indent=2))
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.history import source_trees
 from benchmarks.provenance import ROOT, RunProvenance, git_commit
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
@@ -63,3 +64,34 @@ def test_a_copied_tree_names_its_commit_through_the_environment(tmp_path: Path, 
     assert git_commit(ROOT) == ("a" * 40, True)  # it wins over a checkout's own .git
     monkeypatch.setenv("SPARKRING_SOURCE_COMMIT", "b" * 40)
     assert git_commit(tmp_path) == ("b" * 40, False)
+
+
+@needs_git
+def test_a_copied_tree_hashes_the_code_it_ran_from_its_files(tmp_path: Path, monkeypatch) -> None:
+    """In the device lane's copy (a stale .git) the code a run measured is hashed from the files:
+    the same hashes HEAD gives for the same files, other hashes once a file differs."""
+
+    def git(*argv: str) -> str:
+        done = subprocess.run(["git", "-C", str(tmp_path), *argv], check=True, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "a.py").write_text("one\n")
+    (tmp_path / "tool.py").write_text("tool\n")
+    git("init", "-q")
+    git("add", "code", "tool.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    at_head = source_trees(["code", "tool.py"], tmp_path)
+    assert at_head == {"code": git("rev-parse", "HEAD:code"), "tool.py": git("rev-parse", "HEAD:tool.py")}
+    monkeypatch.setenv("SPARKRING_SOURCE_COMMIT", "c" * 40)
+    assert source_trees(["code", "tool.py"], tmp_path) == at_head
+    (tmp_path / "code" / "a.py").write_text("two\n")  # the copy carries other code than its .git's HEAD
+    (tmp_path / "code" / "b.py").write_text("new\n")
+    copied = source_trees(["code", "tool.py"], tmp_path)
+    assert copied["code"] != at_head["code"] and copied["tool.py"] == at_head["tool.py"]
+    status = subprocess.run(
+        ["git", "-C", str(tmp_path), "status", "--porcelain"], check=True, capture_output=True, text=True
+    ).stdout.splitlines()
+    assert sorted(status) == [" M code/a.py", "?? code/b.py"]  # the real index was left alone
+    with pytest.raises(SystemExit, match="missing is not in this copy"):
+        source_trees(["missing"], tmp_path)
