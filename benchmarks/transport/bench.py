@@ -31,7 +31,7 @@ rank r binds the address on its left cable, so its ring traffic between neighbou
 direct link.
 
 ``burn`` runs the probe's all-reduce burn in every namespace and writes
-benchmarks/results/transport_burn.json.
+benchmarks/results/transport_burn.json (every burn kept in its history, a failed one too).
 """
 
 from __future__ import annotations
@@ -176,23 +176,28 @@ def _worker_cfg(
             "--sizes", ",".join(map(str, sizes))]  # fmt: skip
 
 
-def _write(doc: dict, out: Path, headline: tuple[str, ...]) -> None:
+def _kept_run(run: dict, headline: tuple[str, ...]) -> dict:
+    """One kept run's headline figures with its commit, time and load; a run seeded from git
+    (recorded before provenance) says where it came from instead."""
+    figures = {k: run.get(k) for k in headline}
+    if "seeded_from" in run:
+        return {"seeded_from": run["seeded_from"], "started_utc": run.get("started_utc"), **figures}
+    prov = run["provenance"]
+    return {"started_utc": prov["started_utc"], "git_commit": prov["git_commit"], "cpu_cores": prov["cpu_cores"],
+            "load_avg_1m": [prov["load_avg_start"]["1m"], prov["load_avg_end"]["1m"]], **figures}  # fmt: skip
+
+
+def _write(doc: dict, out: Path, headline: tuple[str, ...], draw: bool = True) -> None:
     """Append the run to the history beside ``out`` (every run is kept), then write ``out``: this
-    run, plus each kept run's headline figures with its commit, time and load."""
+    run, plus each kept run's headline figures."""
     history = history_path(out)
     append_run(history, doc)
-    doc["history"] = {
-        "file": history.name,
-        "runs": [
-            {"started_utc": run["provenance"]["started_utc"], "git_commit": run["provenance"]["git_commit"],
-             "cpu_cores": run["provenance"]["cpu_cores"], "load_avg_1m": [run["provenance"]["load_avg_start"]["1m"],
-             run["provenance"]["load_avg_end"]["1m"]], **{k: run.get(k) for k in headline}}
-            for run in load_runs(history)
-        ],
-    }  # fmt: skip
+    doc["history"] = {"file": history.name, "runs": [_kept_run(run, headline) for run in load_runs(history)]}
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc, indent=2))
-    plot(out)
+    if draw:
+        plot(out)
 
 
 def plot(results: Path) -> None:
@@ -398,10 +403,7 @@ def burn(args: argparse.Namespace) -> None:
                "provenance": start.finish(), "seconds": round(time.monotonic() - t0, 1),
                "errors": [d["error"] for d in docs if d["error"]], "ranks": [d["burns"] for d in docs],
                "mismatches": sum(b["mismatches"] for d in docs for b in d["burns"])}  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary, indent=2))
+    _write(summary, Path(args.out), ("ok", "mismatches", "seconds"), draw=False)
     if not summary["ok"]:
         raise SystemExit(1)
 
