@@ -1,6 +1,8 @@
 """The serving benchmark's stock-ring variant on the real sim ring: inside the context every rank
 reaches every other rank's management address over the ring links (the diagonal through a
-forwarding neighbour); outside it, and after a run killed inside it, the ring is as it was."""
+forwarding neighbour), and a socket that binds no address leaves with the rank's own management
+address, so the far rank can answer it; outside it, and after a run killed inside it, the ring is
+as it was."""
 
 from __future__ import annotations
 
@@ -64,6 +66,20 @@ def test_inside_the_ranks_talk_over_the_ring_and_outside_nothing_changed(sim_net
         assert ping.returncode == 0, ping.stdout + ping.stderr
         sent = sim_network.bytes_sent_since(counted, sim_network.interface_bytes(hostvars))
         assert sent["r1"]["ring1"] > 0  # r1 forwarded the diagonal on towards r2
+        # torch's TCPStore client binds no address: r2's rendezvous with r0 hung when the kernel
+        # picked r2's ring address as the source, which r0 had no route back to
+        for host, values in hostvars.items():
+            own = values["sparkring_management"]["address"]
+            for peer, peer_values in hostvars.items():
+                if peer != host:
+                    got = json.loads(
+                        in_rank(
+                            host, "ip", "-j", "route", "get", peer_values["sparkring_management"]["address"]
+                        ).stdout
+                    )
+                    assert got[0]["prefsrc"] == own, (host, peer, got)
+        unbound = in_rank("r2", "ping", "-c3", "-W2", hostvars["r0"]["sparkring_management"]["address"])
+        assert unbound.returncode == 0, unbound.stdout + unbound.stderr
     assert state(sim_network, hostvars) == before
     assert not sim_network.STATE.exists()
 

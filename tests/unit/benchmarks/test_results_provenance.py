@@ -20,10 +20,6 @@ KEYS = {"command", "git_commit", "cpu_cores", "started_utc", "load_avg_start", "
 BEFORE_PROVENANCE = {
     "fanout-32core-400mbit.json": "the accelerator machine's 32-core host (device lane)",
     "fanout-32core-1000mbit.json": "the accelerator machine's 32-core host (device lane)",
-    "sparkcache_device.json": "the H200 (device lane, gpu_restore.py now records it)",
-    "sparkcache_h200_host.json": "the H200's 16-core host (device lane)",
-    "serving-loopback.json": "the loopback serving run (stock then overlay, before interleaving)",
-    "transport_burn.json": "the 1,000,000-iteration burn (about 17 minutes on this machine)",
 }
 FILES = sorted(path.name for path in RESULTS.glob("*.json"))
 # Every run kept (x-history.jsonl), and the serving benchmark's deployments (each with its call's record).
