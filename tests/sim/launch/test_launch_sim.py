@@ -46,6 +46,7 @@ from pathlib import Path
 import pytest
 from launch_harness import (
     HEAD_API,
+    LEAN_QUALIFY,
     RANKS,
     ROOT,
     SECRETS,
@@ -67,10 +68,6 @@ from launch_harness import (
 from sparkcache import CHUNK_TOKENS
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
-
-
-# The cable and burn faults are tests/sim/cable's subject: here few round trips keep site.yml short.
-LEAN_QUALIFY = {"qualify_iterations": 100, "qualify_burn_iterations": [20, 1]}
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ rank 0. The pair lives beside the four-rank ring (its own namespaces, controller
 directory), so the ring stays up for the tests after this one; the pair is taken down afterwards,
 always.
 
-Lean on purpose (CI has two cores): when the four-rank ring's rank 0 already holds the runtime
+Lean on purpose (CI has two cores): the cables are qualified with few round trips (LEAN_QUALIFY,
+as in the ring's launch tests), and when the four-rank ring's rank 0 already holds the runtime
 image this checkout builds (the launch tests before this one build it), the pair's rank 0 gets it
 first, with its fan-out archive, so the image stage neither builds nor exports and only fans the
 archive out over the cable; otherwise the stage builds and exports as on a fresh pair.
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from launch_harness import ROOT, SIM_RANKS, complete, docker
+from launch_harness import LEAN_QUALIFY, ROOT, SIM_RANKS, complete, docker
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
@@ -98,7 +99,7 @@ def pair(sim_ring):
 
 
 def test_site_yml_runs_the_pair_to_tp2_answering(pair) -> None:
-    done = pair(["ansible-playbook", "-i", PAIR, "site.yml"], timeout=3000)
+    done = pair(["ansible-playbook", "-i", PAIR, "site.yml", "-e", json.dumps(LEAN_QUALIFY)], timeout=3000)
     assert done.returncode == 0, f"site.yml on the pair failed:\n{done.stdout[-8000:]}\n{done.stderr[-2000:]}"
     for rank, host in enumerate(PAIR_HOSTS):
         inspected = docker(
