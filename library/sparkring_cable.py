@@ -31,6 +31,12 @@ description:
     bandwidth of a stream of acknowledged frames each way. The interface's error counters
     (CRC, frame, errors, drops, carrier changes) are read before and after the traffic; any
     increase fails the edge.
+  - "Then, when an absolute floor is set (O(min_function_gbit_s), O(min_cable_gbit_s)), the
+    cable's bulk bandwidth: on C(verbs) perftest's C(ib_write_bw) on each twin alone and on
+    every twin at once (the lower rank serves, the higher connects and judges: CQ-BW-FUNCTION
+    per twin, CQ-BW-CABLE), on C(tcp) the probe's slowest direction (CQ-BW-CABLE). A cable or
+    function under its floor fails the edge in domain performance, naming the cable, the figure
+    and the fix."
   - A failed check is a verdict, not a module failure. The module fails only on
     arguments it cannot use. Link facts are read through C(module_utils/sparkring_link_facts),
     shared with preflight.
@@ -88,13 +94,34 @@ options:
   min_bandwidth_gbit_s:
     description: A bandwidth below this (any size, either direction) is a bandwidth warning; null checks none here.
     type: float
+  min_function_gbit_s:
+    description:
+      - Floor of each twin's (RDMA function's) bulk bandwidth alone, Gb/s (C(verbs), C(ib_write_bw)); under it
+        the edge fails (CQ-BW-FUNCTION). Null sets none; ignored on C(tcp), where one function carries the cable.
+    type: float
+  min_cable_gbit_s:
+    description:
+      - Floor of the cable's bulk bandwidth, Gb/s; under it the edge fails (CQ-BW-CABLE). On C(verbs) every twin
+        at once (C(ib_write_bw) on each, summed), on C(tcp) the probe's slowest direction at any frame size.
+        Null sets none.
+    type: float
+  bulk:
+    description: How C(ib_write_bw) measures the floors on C(verbs) (perftest on both ends).
+    type: dict
+    default: {}
+    suboptions:
+      tool: {type: str, default: ib_write_bw, description: The perftest tool (looked up on the node's PATH).}
+      size_bytes: {type: int, default: 65536, description: Message size (perftest's default).}
+      duration_s: {type: int, default: 3, description: Seconds each stage runs (C(-D)).}
+      tcp_port: {type: int, default: 18760, description: First of the TCP ports perftest exchanges its setup on (one per stage and twin).}
+      timeout_s: {type: float, default: 30, description: Bound on each stage, the wait for the other end included.}
 extends_documentation_fragment:
   - action_common_attributes
   - sparkring_ring_port.cable_end
 attributes:
   check_mode:
     support: full
-    details: Check mode runs the read-only checks (link, speed, beacon, MTU, address, route, ping, RDMA) and skips the probe traffic and the counter deltas.
+    details: Check mode runs the read-only checks (link, speed, beacon, MTU, address, route, ping, RDMA) and skips the probe traffic, the counter deltas and the floors' measurement.
   diff_mode:
     support: none
     details: Nothing on the node changes, so there is no diff.
@@ -146,7 +173,7 @@ verdict:
   contains:
     status: {description: qualified, qualified_with_warning or failed., type: str}
     failure_domain:
-      description: "Where the first failure lies, most basic first: link, cabling, mtu, addressing, rdma, path, transport, errors; null unless failed."
+      description: "Where the first failure lies, most basic first: link, cabling, mtu, addressing, rdma, path, transport, errors, performance (an absolute floor); null unless failed."
       type: str
     fix: {description: What to do about that failure (empty unless failed)., type: str}
     reasons: {description: 'Every failed or warning check, "<ID>: <detail>".', type: list, elements: str}
@@ -168,7 +195,7 @@ neighbor:
   returned: always
   type: dict
 measurements:
-  description: "Per frame size: ping-pong latency (this end initiating) and the bandwidth each way; per twin interface the error counter deltas, the beacon heard and (verbs) the resolved GID index."
+  description: "Per frame size: ping-pong latency (this end initiating) and the bandwidth each way; per twin interface the error counter deltas, the beacon heard and (verbs) the resolved GID index; C(bulk): the floors' measurement (tool, role, per function and cable Gb/s, error), null when no floor is set."
   returned: always
   type: dict
   sample:
@@ -176,17 +203,23 @@ measurements:
     counters_delta: {ring1: {rx_crc_errors: 0, rx_dropped: 0, carrier_changes: 0}}
 """
 
-import json
-import os
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sparkring_cable_checks import (
+    judge_counters,
+    judge_frames,
+    judge_neighbor,
+    judge_performance,
+    judge_route,
+)
+from ansible.module_utils.sparkring_cable_floors import measure_floors
+from ansible.module_utils.sparkring_cable_probe import run_probe
 from ansible.module_utils.sparkring_link_facts import (
     SYSFS,
     Beacon,
-    Route,
     exchange_beacons,
     read_counters,
     route_to,
@@ -205,189 +238,6 @@ from ansible.module_utils.sparkring_ring_checks import (
     verdict,
 )
 
-# ---- judgements of this module's own checks: facts in, checks out (pure) ----
-
-
-def judge_neighbor(
-    cluster: str, rank: int, port: dict[str, Any], twin: int, beacon: Beacon | None, link_up: bool
-) -> Check:
-    """Cage matching: the other end of this twin's cable must be the inventory's peer port."""
-    subject, iface = twin_subject(rank, port, twin), port["twins"][twin]["interface"]
-    if not link_up:
-        return Check("CQ-NEIGHBOR", "skip", "cabling", subject, "link is not up (see CQ-LINK-UP)")
-    if beacon is None:
-        return Check(
-            "CQ-NEIGHBOR", "skip", "cabling", subject, "no beacon exchange (check mode without peer)"
-        )
-    heard = beacon.heard
-    want = f"r{port['peer_rank']} cage{port['peer_cage']}"
-    here = f"r{rank} cage{port['cage']}"
-    if heard is None:
-        return Check(
-            "CQ-NEIGHBOR",
-            "fail",
-            "cabling",
-            subject,
-            f"no beacon from the other end of {iface} ({beacon.error}); expected {want}",
-            f"run qualification on r{port['peer_rank']} at the same time, and check that the cable "
-            f"in {here} goes to {want}",
-        )
-    got = f"r{heard.get('rank')} cage{heard.get('cage')}"
-    if heard.get("cluster") != cluster:
-        return Check(
-            "CQ-NEIGHBOR",
-            "fail",
-            "cabling",
-            subject,
-            f"the cable in {here} reaches cluster {heard.get('cluster')!r} host {heard.get('host')}; "
-            f"expected {want} of {cluster}",
-            f"plug the cable in {here} into {want}",
-        )
-    if heard.get("rank") == port["peer_rank"] and heard.get("cage") == port["peer_cage"]:
-        return Check(
-            "CQ-NEIGHBOR",
-            "pass",
-            "cabling",
-            subject,
-            f"{iface} in {here} reaches {got} ({heard.get('interface')})",
-        )
-    if heard.get("rank") == port["peer_rank"]:
-        fix = (
-            f"the other end sits in the wrong cage: swap the two cables at r{port['peer_rank']} "
-            f"(cage{heard.get('cage')} <-> cage{port['peer_cage']}); cable {port['edge']} belongs "
-            f"in cage {port['cage']} on both ends"
-        )
-    else:
-        fix = (
-            f"this cable goes to the wrong neighbour: swap the two cables at r{rank} "
-            f"(cage0 <-> cage1) if r{heard.get('rank')} is its other neighbour, else recable "
-            f"{here} to {want}"
-        )
-    return Check(
-        "CQ-NEIGHBOR",
-        "fail",
-        "cabling",
-        subject,
-        f"the cable in {here} reaches {got} ({heard.get('host')} {heard.get('interface')}); expected {want}",
-        fix,
-    )
-
-
-def judge_route(rank: int, port: dict[str, Any], route: Route | None) -> Check:
-    """The peer address is directly on the address twin: no gateway, no other interface."""
-    iface, peer, subject = port["interface"], port["peer_address"], twin_subject(rank, port, 0)
-    if route is not None and route.dev == iface and route.gateway is None and route.type == "unicast":
-        return Check("CQ-ROUTE", "pass", "addressing", subject, f"{peer} is directly on {iface}")
-    found = "no route" if route is None else f"via {route.gateway or 'direct'} dev {route.dev} ({route.type})"
-    return Check(
-        "CQ-ROUTE",
-        "fail",
-        "addressing",
-        subject,
-        f"route to peer {peer}: {found}; expected directly on {iface}",
-        f"remove routes that capture {port.get('subnet') or peer} elsewhere and keep only the "
-        f"connected route of {iface} (run the fabric stage)",
-    )
-
-
-def judge_counters(subject: str, interface: str, before: dict, after: dict) -> tuple[Check, dict[str, int]]:
-    delta = {
-        name: after[name] - before[name]
-        for name in before
-        if before[name] is not None and after.get(name) is not None
-    }
-    grew = {name: value for name, value in delta.items() if value > 0}
-    if not grew:
-        return Check(
-            "CQ-COUNTERS", "pass", "errors", subject, f"no error counter of {interface} moved"
-        ), delta
-    moved = ", ".join(f"{name} +{value}" for name, value in sorted(grew.items()))
-    return (
-        Check(
-            "CQ-COUNTERS",
-            "fail",
-            "errors",
-            subject,
-            f"{interface} counters moved during the traffic: {moved}",
-            "CRC/frame errors or carrier changes: clean or replace the cable and transceivers; drops: "
-            f"check `ethtool -S {interface}` and the MTU on both ends",
-        ),
-        delta,
-    )
-
-
-def judge_frames(
-    size: int, subject: str, doc: dict[str, Any] | None, error: str | None
-) -> tuple[Check, dict | None]:
-    """One probe run: ran, every payload verified both ways."""
-    cid = f"CQ-PROBE-{size // 1024}K"
-    fix = (
-        "the probe could not carry verified traffic: check the other end's verdict, that the "
-        "build stage installed the transport on both ends, and the rendezvous port is free"
-    )
-    if error is not None or doc is None:
-        return Check(cid, "fail", "transport", subject, f"{size} B frames: {error}", fix), None
-    link = (doc.get("links") or [None])[0]
-    if not doc.get("ok") or link is None:
-        detail = f"{size} B frames: {doc.get('error') or 'no link result'}"
-        return Check(cid, "fail", "transport", subject, detail, fix), None
-    pp, bw = link["pingpong"] or {}, link["bandwidth"]
-    mismatches = pp.get("mismatches", 0) + bw["tx"]["mismatches"] + bw["rx"]["mismatches"]
-    frame = {
-        "size_bytes": size,
-        "iterations": pp.get("iterations", bw["iterations"]),
-        "mismatches": mismatches,
-        "rtt_us": pp.get("rtt_us"),
-        "tx_gbit_s": bw["tx"]["gbit_s"],
-        "rx_gbit_s": bw["rx"]["gbit_s"],
-    }
-    rtt = pp.get("rtt_us") or {}
-    detail = (
-        f"{size} B x {frame['iterations']}: rtt p50 {rtt.get('p50')} us p99 {rtt.get('p99')} us, "
-        f"tx {frame['tx_gbit_s']} Gbit/s rx {frame['rx_gbit_s']} Gbit/s, {mismatches} mismatched"
-    )
-    if mismatches:
-        return Check(cid, "fail", "transport", subject, detail, "payloads arrived corrupted: " + fix), frame
-    return Check(cid, "pass", "transport", subject, detail), frame
-
-
-def judge_performance(
-    subject: str, frames: list[dict[str, Any]], max_rtt_p99_us: float | None, min_gbit_s: float | None
-) -> Check:
-    """Absolute limits (the qualify role also compares every edge with the others)."""
-    warnings = []
-    for frame in frames:
-        p99 = (frame.get("rtt_us") or {}).get("p99")
-        if max_rtt_p99_us is not None and p99 is not None and p99 > max_rtt_p99_us:
-            warnings.append(f"latency: {frame['size_bytes']} B rtt p99 {p99} us > {max_rtt_p99_us:g} us")
-        slowest = min(frame["tx_gbit_s"], frame["rx_gbit_s"])
-        if min_gbit_s is not None and slowest < min_gbit_s:
-            warnings.append(f"bandwidth: {frame['size_bytes']} B {slowest} Gbit/s < {min_gbit_s:g} Gbit/s")
-    if max_rtt_p99_us is None and min_gbit_s is None:
-        return Check(
-            "CQ-PERF",
-            "skip",
-            "performance",
-            subject,
-            "no absolute limits set (max_rtt_p99_us, min_bandwidth_gbit_s)",
-        )
-    if not warnings:
-        return Check(
-            "CQ-PERF", "pass", "performance", subject, "within max_rtt_p99_us / min_bandwidth_gbit_s"
-        )
-    return Check(
-        "CQ-PERF",
-        "warn",
-        "performance",
-        subject,
-        "; ".join(warnings),
-        "a slow link still works but holds back every collective: check for shaping, a degraded "
-        "cable or a busy node, and compare with the other edges",
-    )
-
-
-# ---- the qualifier: reads facts on the node and runs the probe ----
-
 
 class CableQualifier:
     """Qualifies one cable from this end, every twin of it; `run` and the sysfs root are injectable."""
@@ -396,7 +246,7 @@ class CableQualifier:
         self,
         params: dict[str, Any],
         run: Callable[..., tuple[int, str, str]],
-        which: Callable[[str], str],
+        which: Callable[..., str | None],
         check_mode: bool,
         sysfs: str = SYSFS,
     ) -> None:
@@ -406,6 +256,7 @@ class CableQualifier:
         self.run = run
         self.check_mode = check_mode
         self.sysfs = sysfs
+        self.which = which
         self.ip_bin = which("ip")
         self.ping_bin = which("ping")
         self.checks: list[Check] = []
@@ -415,6 +266,7 @@ class CableQualifier:
             "counters_delta": {},
             "gid_indices": {},
             "heard": {},
+            "bulk": None,
         }
 
     def qualify(self) -> dict[str, Any]:
@@ -448,6 +300,7 @@ class CableQualifier:
         )
         self.checks.append(jumbo_check("CQ", self.rank, port, self.p["mtu"], reply))
         self._traffic(facts)
+        self._bulk()
         return self._result()
 
     def _identity(self, port: dict[str, Any], twin: int) -> dict[str, Any]:
@@ -495,7 +348,11 @@ class CableQualifier:
         interfaces = [twin["interface"] for twin in self.port["twins"]]
         before = {iface: read_counters(iface, self.sysfs) for iface in interfaces}
         for size in sizes:
-            check, frame = judge_frames(size, subject, *self._probe(size))
+            check, frame = judge_frames(
+                size,
+                subject,
+                *run_probe(self.run, self.p["probe"], self.p["fabric"], self.rank, self.port, size),
+            )
             self.checks.append(check)
             if frame is not None:
                 self.measurements["frames"].append(frame)
@@ -515,50 +372,20 @@ class CableQualifier:
                 )
             )
 
-    def probe_spec(self) -> dict[str, Any]:
-        """This end's half of a two-rank ring on this cable only (the lower rank is pair rank 0)."""
-        port = self.port
-        me = 0 if self.rank < port["peer_rank"] else 1
-        return {
-            "rank": me,
-            "world": 2,
-            "ports": [
-                {
-                    "cage": port["cage"],
-                    "address": port["address"],
-                    "peer_rank": 1 - me,
-                    "peer_address": port["peer_address"],
-                    "twins": port["twins"] if self.p["fabric"] == "verbs" else [],
-                }
-            ],
-        }
-
-    def probe_argv(self, size: int) -> list[str]:
-        """The probe command for one frame size; the ring spec (probe_spec) goes to its stdin."""
-        probe = self.p["probe"]
-        return [
-            probe["python"], "-m", "transport", "probe",
-            "--fabric", self.p["fabric"], "--ring-spec", "-",
-            "--tcp-port", str(probe["tcp_port"]),
-            "--setup-timeout", f"{probe['setup_timeout_s']:g}", "--timeout", f"{probe['timeout_s']:g}",
-            "--pingpong-size", str(size), "--pingpong-iters", str(probe["iterations"]),
-            "--bw-size", str(size), "--bw-iters", str(probe["iterations"]),
-            "--burn", "none",
-        ]  # fmt: skip
-
-    def _probe(self, size: int) -> tuple[dict[str, Any] | None, str | None]:
-        probe = self.p["probe"]
-        if not os.path.isdir(os.path.join(probe["pythonpath"], "transport")):
-            return (
-                None,
-                f"no transport package under {probe['pythonpath']}: run the build stage (playbooks/build.yml)",
-            )
-        rc, out, err = self.run(self.probe_argv(size), data=json.dumps(self.probe_spec()))
-        try:
-            doc = json.loads(out)
-        except ValueError:
-            return None, f"probe exit {rc}, no JSON: {(err or out).strip()[-300:]}"
-        return doc, None if rc == 0 or doc.get("error") else f"probe exit {rc}: {err.strip()[-300:]}"
+    def _bulk(self) -> None:
+        """The cable's bulk bandwidth against its absolute floors (module_utils/sparkring_cable_floors)."""
+        blocking = [c for c in self.checks if c.status == "fail"]
+        not_run = f"not run: {blocking[0].id} failed first" if blocking else None
+        bulk, checks = measure_floors(
+            self.p,
+            self.run,
+            self.which,
+            self.measurements["gid_indices"],
+            self.measurements["frames"],
+            "check mode: no traffic" if self.check_mode else not_run,
+        )
+        self.measurements["bulk"] = bulk
+        self.checks += checks
 
     def _result(self) -> dict[str, Any]:
         port = self.port
@@ -621,6 +448,19 @@ def main() -> None:
             },
             "max_rtt_p99_us": {"type": "float"},
             "min_bandwidth_gbit_s": {"type": "float"},
+            "min_function_gbit_s": {"type": "float"},
+            "min_cable_gbit_s": {"type": "float"},
+            "bulk": {
+                "type": "dict",
+                "default": {},
+                "options": {
+                    "tool": {"type": "str", "default": "ib_write_bw"},
+                    "size_bytes": {"type": "int", "default": 65536},
+                    "duration_s": {"type": "int", "default": 3},
+                    "tcp_port": {"type": "int", "default": 18760},
+                    "timeout_s": {"type": "float", "default": 30},
+                },
+            },
         },
         supports_check_mode=True,
     )
@@ -633,8 +473,8 @@ def main() -> None:
         extra = probe_env if argv[1:3] == ["-m", "transport"] else None
         return module.run_command(argv, environ_update=extra, data=data)
 
-    def which(name: str) -> str:
-        return module.get_bin_path(name, required=True, opt_dirs=["/usr/sbin", "/sbin"])
+    def which(name: str, required: bool = True) -> str | None:
+        return module.get_bin_path(name, required=required, opt_dirs=["/usr/sbin", "/sbin"])
 
     qualifier = CableQualifier(module.params, run, which, module.check_mode, sysfs=SYSFS)
     module.exit_json(**qualifier.qualify())

@@ -9,12 +9,13 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: sparkring_completions
-short_description: Send streamed greedy completions to the OpenAI API and time them
+short_description: Send streamed completions (greedy unless told) to the OpenAI API and time them
 description:
-  - Sends I(requests) to C(<url>/v1/completions) with C(stream=true), C(temperature=0), and returns,
+  - Sends O(requests) to C(<url>/v1/completions) with C(stream=true) (greedy, C(temperature=0), unless a
+    request sets its sampling), and returns,
     per request, the time to first token, the total time, the token counts from the usage block and
     the text, measured by the client (module_utils/sparkring_stream, the serving benchmark's client).
-  - Requests go I(concurrency) at a time, in rounds; each round starts its requests together.
+  - Requests go O(concurrency) at a time, in rounds; each round starts its requests together.
   - A failed request (HTTP error, refused or dropped connection, a stream without its end marker) is a
     result with C(error) set, not a module failure, so a caller can count errors. Runs on the rank
     that serves the API (the acceptance role delegates it to rank 0 and calls 127.0.0.1).
@@ -52,9 +53,21 @@ options:
         type: int
         required: true
       ignore_eos:
-        description: Generate I(max_tokens) even past an end-of-sequence token (timed cells); false for plain greedy output.
+        description: Generate O(max_tokens) even past an end-of-sequence token (timed cells); false for plain greedy output.
         type: bool
         default: true
+      temperature:
+        description: Sampling temperature; 0 is greedy (every timed cell). The launch's warm-up samples above 0.
+        type: float
+        default: 0
+      top_p:
+        description: Nucleus sampling mass.
+        type: float
+        default: 1.0
+      n:
+        description: Completions per request (parallel sampling).
+        type: int
+        default: 1
   concurrency:
     description: Requests in flight at once.
     type: int
@@ -128,6 +141,9 @@ def main() -> None:
                     "prompt": {"type": "raw", "required": True},
                     "max_tokens": {"type": "int", "required": True},
                     "ignore_eos": {"type": "bool", "default": True},
+                    "temperature": {"type": "float", "default": 0},
+                    "top_p": {"type": "float", "default": 1.0},
+                    "n": {"type": "int", "default": 1},
                 },
             },
             "concurrency": {"type": "int", "default": 1},
@@ -150,8 +166,17 @@ def main() -> None:
         module.exit_json(changed=False, results=[], errors=0, seconds=0.0)
 
     def send(r: dict) -> dict:
-        return stream(p["url"], p["model"], r["prompt"], r["max_tokens"], p["api_key"] or None,
-                      p["timeout_s"], r["ignore_eos"])  # fmt: skip
+        sampling = {"temperature": r["temperature"], "top_p": r["top_p"], "n": r["n"]}
+        return stream(
+            p["url"],
+            p["model"],
+            r["prompt"],
+            r["max_tokens"],
+            p["api_key"] or None,
+            p["timeout_s"],
+            r["ignore_eos"],
+            sampling,
+        )
 
     origin = time.perf_counter()
     results = run_rounds(p["requests"], p["concurrency"], send)

@@ -11,11 +11,11 @@ DOCUMENTATION = r"""
 module: sparkring_flight_recorder
 short_description: Make one rank's vLLM workers dump their flight recorder and return the counters
 description:
-  - Finds the processes of the rank's running container whose command line holds I(process_title)
+  - Finds the processes of the rank's running container whose command line holds O(process_title)
     (vLLM's workers, which run the collectives) and that catch C(SIGUSR1) (C(SigCgt) in
     C(/proc/<pid>/status), i.e. the overlay installed its recorder there; a process without the handler
     would die of the signal, so it is never sent one), sends each C(SIGUSR1), and waits (bounded) for
-    the fresh C(overlay-flight-<pid>.json) each writes into I(recorder_dir), named by its PID inside
+    the fresh C(overlay-flight-<pid>.json) each writes into O(recorder_dir), named by its PID inside
     the container.
   - Returns each dump's rank, mode, collective count and counters (C(<op>.<path>), path ring, stock,
     fallback, plus shadow comparisons and mismatches) and the dump's path on the node, for C(fetch).
@@ -39,12 +39,9 @@ options:
     description: How long to wait for every dump, seconds.
     type: float
     default: 60
-  docker_host:
-    description: C(DOCKER_HOST) of the rank's daemon; empty uses the default socket.
-    type: str
-    default: ""
 extends_documentation_fragment:
   - action_common_attributes
+  - sparkring_docker
 attributes:
   check_mode:
     support: full
@@ -85,6 +82,7 @@ import signal
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sparkring_docker import DOCKER_HOST_OPTION, Docker, DockerError, read_cmdline
 
 SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
 
@@ -94,26 +92,16 @@ def status_fields(pid: int) -> dict[str, str]:
         return dict(line.rstrip("\n").split(":\t", 1) for line in handle if ":\t" in line)
 
 
-def cmdline(pid: int) -> str:
-    with open(f"/proc/{pid}/cmdline", "rb") as handle:
-        return handle.read(400).replace(b"\0", b" ").decode(errors="replace")
-
-
-def workers(module: AnsibleModule, docker: str, env: dict) -> list[tuple[int, int]]:
+def workers(module: AnsibleModule) -> list[tuple[int, int]]:
     """(host pid, pid inside the container) of every worker that catches SIGUSR1."""
-    name = module.params["container"]
-    rc, out, err = module.run_command([docker, "top", name, "-eo", "pid"], environ_update=env)
-    if rc != 0:
-        module.fail_json(
-            msg=f"container: docker top {name} failed ({err.strip()}); is the deployment running?"
-        )
+    try:
+        pids = Docker(module).pids(module.params["container"])
+    except DockerError as error:
+        module.fail_json(msg=f"container: {error}")
     found = []
-    for line in out.split()[1:]:
-        if not line.isdigit():
-            continue
-        pid = int(line)
+    for pid in pids:
         try:
-            if module.params["process_title"] not in cmdline(pid):
+            if module.params["process_title"] not in read_cmdline(pid):
                 continue
             fields = status_fields(pid)
         except OSError:
@@ -142,22 +130,20 @@ def main() -> None:
             "recorder_dir": {"type": "path", "required": True},
             "process_title": {"type": "str", "default": "VLLM::Worker"},
             "timeout_s": {"type": "float", "default": 60},
-            "docker_host": {"type": "str", "default": ""},
+            **DOCKER_HOST_OPTION,
         },
         supports_check_mode=True,
     )
     if module.check_mode:
         module.exit_json(changed=False, dumps=[], note="check mode: nothing signalled")
-    env = {"LANG": "C", "LC_ALL": "C"}
-    if module.params["docker_host"]:
-        env["DOCKER_HOST"] = module.params["docker_host"]
-    targets = workers(module, module.get_bin_path("docker", required=True), env)
+    targets = workers(module)
     if not targets:
         module.exit_json(
-            changed=False, dumps=[],
+            changed=False,
+            dumps=[],
             note=f"no process titled {module.params['process_title']!r} in {module.params['container']} catches "
             "SIGUSR1: the overlay's recorder is not installed (OVERLAY_MODE=disabled?)",
-        )  # fmt: skip
+        )
     paths = {
         pid: os.path.join(module.params["recorder_dir"], f"overlay-flight-{ns}.json") for pid, ns in targets
     }
@@ -171,9 +157,15 @@ def main() -> None:
             if pid not in dumps:
                 dump = read_dump(paths[pid], max(before[pid], sent_ns))
                 if dump is not None:
-                    dumps[pid] = {"pid": pid, "ns_pid": ns, "path": paths[pid], "rank": dump.get("rank"),
-                                  "mode": dump.get("mode"), "collectives": dump.get("collectives"),
-                                  "counters": dump.get("counters", {})}  # fmt: skip
+                    dumps[pid] = {
+                        "pid": pid,
+                        "ns_pid": ns,
+                        "path": paths[pid],
+                        "rank": dump.get("rank"),
+                        "mode": dump.get("mode"),
+                        "collectives": dump.get("collectives"),
+                        "counters": dump.get("counters", {}),
+                    }
         time.sleep(0.2)
     missing = sorted(pid for pid, _ns in targets if pid not in dumps)
     if missing:

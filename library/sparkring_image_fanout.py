@@ -60,11 +60,9 @@ options:
     description: Load the image into Docker when it is missing and check its identity.
     type: bool
     default: true
-  docker_host:
-    description: C(DOCKER_HOST) for this rank's daemon; unset uses the default socket.
-    type: str
 extends_documentation_fragment:
   - action_common_attributes
+  - sparkring_docker
   - sparkring_fanout
 attributes:
   check_mode:
@@ -142,29 +140,23 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sparkring_docker import DOCKER_HOST_OPTION, Docker, DockerError
 from ansible.module_utils.sparkring_fanout import (
-    DEFAULT_CHUNK_SIZE,
     DEFAULT_PORT,
     TRANSFER_OPTIONS,
+    RankAgent,
+    Stats,
+    rank_config,
+    transfer_result,
+)
+from ansible.module_utils.sparkring_fanout_manifest import (
+    DEFAULT_CHUNK_SIZE,
     FanoutError,
     FileSet,
     Manifest,
     ManifestBuilder,
-    RankAgent,
-    Stats,
-    check_space,
-    final_state,
-    rank_config,
-    transfer_result,
 )
-from ansible.module_utils.sparkring_fanout_docker import (
-    DockerError,
-    export_image,
-    image_id,
-    image_size,
-    load_archive,
-    root_dir,
-)
+from ansible.module_utils.sparkring_fanout_store import check_space, final_state
 from ansible.module_utils.sparkring_integrity import write_json_atomic
 
 
@@ -175,8 +167,7 @@ class ImageFanout:
         self.module = module
         self.params = module.params
         self.dest = self.params["dest"]
-        self.docker_host = self.params["docker_host"]
-        self.docker = module.get_bin_path("docker", required=True)
+        self.docker = Docker(module)
         self.zstd = module.get_bin_path("zstd", required=True)
 
     def exported(self) -> dict:
@@ -213,10 +204,11 @@ class ImageFanout:
                 out.write(block)
 
         try:
-            export_image(
-                self.docker, self.zstd, ref, self.params["compression_level"], self.docker_host, sink
+            level = self.params["compression_level"]
+            self.docker.pipe(
+                [self.docker.binary, "save", ref], [self.zstd, f"-{level}", "-T0", "-q", "-c"], sink
             )
-            size = image_size(self.docker, ref, self.docker_host)
+            size = self.docker.inspect(ref, kind="image")["Size"]
         except DockerError as error:
             self.module.fail_json(msg=f"exporting {ref}: {error}")
         finally:
@@ -270,7 +262,7 @@ class ImageFanout:
         if "image" in lacks and self.params["load"]:
             self._phase(manifest, "docker load")
             try:
-                load_archive(self.docker, self.zstd, path, self.docker_host)
+                self.docker.pipe([self.zstd, "-dc", "-q", path], [self.docker.binary, "load", "-q"])
             except DockerError as error:
                 self.module.fail_json(msg=f"rank {rank}: loading {path}: {error}", **result)
         if self.params["load"]:
@@ -314,7 +306,7 @@ class ImageFanout:
                 )
                 check_space(probe, FileSet((manifest,)), reserve, rank)
             if "image" in lacks and self.params["load"]:
-                docker_root = root_dir(self.docker, self.docker_host)
+                docker_root = self.docker.run("info", "--format", "{{.DockerRootDir}}", check=True)[1].strip()
                 stat = os.statvfs(docker_root)
                 free = stat.f_bavail * stat.f_frsize
                 if free - manifest.image_bytes < reserve:
@@ -327,10 +319,11 @@ class ImageFanout:
 
     def _image_id(self, ref: str) -> str | None:
         try:
-            return image_id(self.docker, ref, self.docker_host)
+            image = self.docker.inspect(ref, kind="image")
         except DockerError as error:
             where = "" if self.params["rank"] is None else f"rank {self.params['rank']}: "
             self.module.fail_json(msg=f"{where}{error}; is this rank's Docker daemon running?")
+        return image["Id"] if image else None
 
     def _read_manifest(self, path: str) -> Manifest:
         try:
@@ -353,7 +346,7 @@ def main() -> None:
             "port": {"type": "int", "default": DEFAULT_PORT},
             "reserve_bytes": {"type": "int", "default": 1 << 30},
             "load": {"type": "bool", "default": True},
-            "docker_host": {"type": "str"},
+            **DOCKER_HOST_OPTION,
         },
         required_if=[
             ("state", "exported", ("image",)),

@@ -199,48 +199,31 @@ refused:
 """
 
 import os
-import shutil
-import sys
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sparkring_fanout import (
     TRANSFER_OPTIONS,
-    FanoutError,
-    FileSet,
-    Manifest,
-    ManifestBuilder,
     RankAgent,
     Stats,
-    build_manifest,
-    free_bytes,
-    fsync_dir,
     rank_config,
     transfer_result,
 )
-from ansible.module_utils.sparkring_integrity import sha256_file, write_json_atomic
+from ansible.module_utils.sparkring_fanout_manifest import FanoutError, FileSet
+from ansible.module_utils.sparkring_fanout_store import free_bytes
+from ansible.module_utils.sparkring_integrity import write_json_atomic
 from ansible.module_utils.sparkring_model import (
-    exchange,
+    assess,
+    lacks_bytes,
     layout,
-    make_read_only,
     pinned_digest,
-    read_record,
+    prepare_staging,
+    promote,
     remove_tree,
-    stamp,
-    tree_files,
+    symlinks,
     write_record,
 )
-
-MIB = 1024 * 1024
-
-
-def hub_download(repository: str, revision: str, name: str, local_dir: str, token: str | None) -> str:
-    """One file from the hub at the exact commit into local_dir (resumes a partial download)."""
-    from huggingface_hub import hf_hub_download  # rank 0's hub venv; the model role installs it
-
-    return hf_hub_download(
-        repo_id=repository, filename=name, revision=revision, local_dir=local_dir, token=token or None
-    )
+from ansible.module_utils.sparkring_model_source import MIB, ModelSource, SourceError
 
 
 class ModelStage:
@@ -257,59 +240,15 @@ class ModelStage:
         self.who = f"rank {rank}" if rank is not None else "this rank"
 
     # -- what this rank holds --------------------------------------------------------------------
-    def assess(self) -> dict:
-        """Per pinned file: verified at PATH (by the record's stamp, else by hashing) or lacking."""
-        record = read_record(self.where)
-        recorded = {}
-        if record and record.get("manifest_sha256") == self.digest:
-            recorded = {entry["path"]: entry for entry in record["files"]}
-        verified, lacks, stamps_ok = [], [], bool(recorded)
-        for pin in self.files:
-            full = os.path.join(self.where.path, pin["path"])
-            if not os.path.isfile(full) or os.path.islink(full) or os.path.getsize(full) != pin["size"]:
-                lacks.append(pin["path"])
-                stamps_ok = False
-                continue
-            entry = recorded.get(pin["path"], {})
-            same = entry.get("sha256") == pin["sha256"] and entry.get("stamp") == stamp(full)
-            stamps_ok = stamps_ok and same
-            if (same and self.params["verify"] == "stat") or sha256_file(full) == pin["sha256"]:
-                verified.append(pin["path"])
-            else:
-                lacks.append(pin["path"])
-        extras = []
-        if os.path.isdir(self.where.path) and not os.path.islink(self.where.path):
-            regular, other = tree_files(self.where.path)
-            extras = sorted(set(regular) - set(self.pins)) + other
-        elif os.path.lexists(self.where.path):
-            extras = [f"{self.where.path} (not a directory)"]
-        state = "current" if stamps_ok and not extras else ("stale" if record else "absent")
-        return {
-            "verified": verified,
-            "lacks": lacks,
-            "extras": extras,
-            "record": state,
-            "chunks": {name: recorded[name] for name in verified if recorded.get(name, {}).get("chunks")},
-        }
-
-    def lacks_bytes(self, lacks: list[str]) -> int:
-        """Bytes still to move for these files: a resumable partial in staging counts what it holds."""
-        needed = 0
-        for name in lacks:
-            partial = os.path.join(self.where.staging, name + ".partial")
-            held = os.stat(partial).st_blocks * 512 if os.path.exists(partial) else 0
-            needed += max(0, self.pins[name]["size"] - held)
-        return needed
-
     def plan(self, held: dict) -> dict:
         """The result a check run returns: what this rank lacks, in files and bytes, and the diff."""
-        lacks_bytes = self.lacks_bytes(held["lacks"])
+        needed = lacks_bytes(self.where, self.files, held["lacks"])
         result = {
             "path": self.where.path,
             "progress": self.where.progress,
             "manifest_sha256": self.digest,
             "lacks": held["lacks"],
-            "lacks_bytes": lacks_bytes,
+            "lacks_bytes": needed,
             "extras": held["extras"],
             "record": held["record"],
             "changed": bool(held["lacks"] or held["extras"] or held["record"] != "current"),
@@ -328,7 +267,7 @@ class ModelStage:
             result["diff"] = {
                 "before_header": f"{self.who}: {self.where.path} (now)",
                 "after_header": f"{self.who}: {self.where.path} ({self.params['name']} {self.params['revision']}, "
-                f"{len(held['lacks'])} files, {lacks_bytes} bytes to move)",
+                f"{len(held['lacks'])} files, {needed} bytes to move)",
                 "before": "\n".join(before) + "\n",
                 "after": "\n".join(after) + "\n",
             }
@@ -348,184 +287,67 @@ class ModelStage:
             )
 
     def check_filesystem(self) -> None:
-        """Staging, hard links and the exchange need PATH and its store on one filesystem."""
+        """What the stage writes stays at PATH: staging, hard links and the exchange need PATH and its
+        store on one filesystem, and no symlink there may lead them to files elsewhere."""
         if os.path.isdir(self.where.path) and os.path.ismount(self.where.path):
             self.fail(
                 f"{self.who}: {self.where.path} is a mount point; the model stage stages beside it on the "
                 "same filesystem: point MODEL_PATH/DRAFT_PATH at a directory inside that mount"
             )
-
-    # -- staging and promotion -------------------------------------------------------------------
-    def prepare_staging(self, held: dict) -> frozenset[str]:
-        """Verified files hard-linked in, stale leftovers out, damaged copies kept as resumable partials.
-
-        Returns the names complete in staging."""
-        staging = self.where.staging
-        os.makedirs(staging, exist_ok=True)
-        complete = set()
-        for pin in self.files:
-            final = os.path.join(staging, pin["path"])
-            partial = final + ".partial"
-            current = os.path.join(self.where.path, pin["path"])
-            os.makedirs(os.path.dirname(final), exist_ok=True)
-            if pin["path"] in held["verified"]:
-                if os.path.lexists(final) and not os.path.samefile(final, current):
-                    os.unlink(final)
-                if not os.path.lexists(final):
-                    os.link(current, final)
-                complete.add(pin["path"])
-                continue
-            if os.path.lexists(final):  # renamed by an interrupted run: keep it only if it verifies
-                if os.path.isfile(final) and sha256_file(final) == pin["sha256"]:
-                    complete.add(pin["path"])
-                    continue
-                os.unlink(final)
-            if not os.path.exists(partial) and os.path.isfile(current) and not os.path.islink(current):
-                shutil.copyfile(current, partial)  # a damaged copy: its good chunks are kept
-        wanted = set(self.pins) | {name + ".partial" for name in self.pins}
-        regular, other = tree_files(staging)
-        for name in [n for n in regular if n not in wanted] + other:
-            path = os.path.join(staging, name)
-            (remove_tree if os.path.isdir(path) and not os.path.islink(path) else os.unlink)(path)
-        return frozenset(complete)
-
-    def promote(self) -> None:
-        """Swap the complete staging directory in for PATH, atomically, then drop the old files."""
-        make_read_only(self.where.staging)
-        exchange(self.where.staging, self.where.path)
-        fsync_dir(os.path.dirname(self.where.path))
-        remove_tree(self.where.staging)
-
-    def record(self, manifests: list[dict]) -> None:
-        meta = {"name": self.params["name"], "revision": self.params["revision"]}
-        write_record(self.where, meta, manifests)
+        links = symlinks(self.where)
+        if links:
+            self.fail(
+                f"{self.who}: "
+                + "; ".join(f"{link} is a symlink to {target}" for link, target in links[:6])
+                + f"; the model stage writes, hard-links and chmods what it finds at {self.where.path} and "
+                "beside it, so it keeps them free of links: remove the link (what it points to stays "
+                "untouched; the next run obtains the pinned files), or point MODEL_PATH/DRAFT_PATH at the "
+                "real directory"
+            )
 
     # -- rank 0 ----------------------------------------------------------------------------------
     def obtained(self) -> dict:
         self.check_filesystem()
-        held = self.assess()
+        held = assess(self.where, self.files, self.params["verify"])
         result = self.plan(held)
-        if self.params["source"] == "dir":
-            self.check_source(held["lacks"])
-        self.check_space(result["lacks_bytes"])
-        if self.module.check_mode:
-            return {**result, "obtained_bytes": 0}
-        manifests = {}
-        obtained = 0
-        if held["lacks"] or held["extras"]:
-            complete = self.prepare_staging(held)
-            lacking = [name for name in held["lacks"] if name not in complete]
-            for index, name in enumerate(lacking):
-                self.progress(
-                    f"obtaining {index + 1}/{len(lacking)}: {name} ({self.pins[name]['size']} bytes)"
-                )
-                manifests[name] = self.fetch(name)
-                obtained += self.pins[name]["size"]
-            self.promote()
-            remove_tree(self.where.download)  # the hub client's resume state, once every file verified
+        source = ModelSource(self.params, self.where, self.pins, self.who)
+        try:
+            source.check(held["lacks"])
+            self.check_space(result["lacks_bytes"])
+            if self.module.check_mode:
+                return {**result, "obtained_bytes": 0}
+            manifests, obtained = self.obtain(source, held)
+        except SourceError as error:
+            self.fail(str(error))
         for name in self.pins:
             if name not in manifests:
-                manifests[name] = self.chunk_manifest(name, held["chunks"].get(name))
+                manifests[name] = source.chunk_manifest(name, held["chunks"].get(name))
         listed = [manifests[name] for name in sorted(manifests)]
         if result["changed"]:
             self.record(listed)
         self.progress("obtained")
         return {**result, "fileset": listed, "obtained_bytes": obtained}
 
-    def check_source(self, lacks: list[str]) -> None:
-        """Before anything is copied: the source directory holds every lacking file at its pinned size."""
-        source = self.params["source_dir"]
-        if not lacks:
-            return
-        if not source or not os.path.isdir(source):
-            self.fail(
-                f"{self.who}: source_dir {source!r} is not a directory here; name the folder holding "
-                f"{self.params['name']} {self.params['revision']} in model_sources (inventory), or pin a hub source"
-            )
-        wrong = []
-        for name in lacks:
-            path = os.path.join(source, name)
-            if not os.path.isfile(path):
-                wrong.append(f"{name}: missing")
-            elif os.path.getsize(path) != self.pins[name]["size"]:
-                wrong.append(f"{name}: {os.path.getsize(path)} bytes, pinned {self.pins[name]['size']}")
-        if wrong:
-            self.fail(
-                f"{self.who}: {source} does not hold {self.params['name']} {self.params['revision']} as pinned: "
-                + "; ".join(wrong[:6])
-                + "; put the pinned revision there (or fix the lock)"
-            )
-
-    def fetch(self, name: str) -> dict:
-        """One lacking file into staging, hashed as it lands, named only once it matches the pin."""
-        pin = self.pins[name]
-        final = os.path.join(self.where.staging, name)
-        builder = ManifestBuilder(self.params["chunk_size"])
-        if self.params["source"] == "hub":
-            source = self.download(name)
-            with open(source, "rb") as reader:
-                for block in iter(lambda: reader.read(4 * MIB), b""):
-                    builder.update(block)
-            landed = source
-        else:
-            source = os.path.join(self.params["source_dir"], name)
-            landed = final + ".partial"
-            with open(source, "rb") as reader, open(landed, "wb") as writer:
-                for block in iter(lambda: reader.read(4 * MIB), b""):
-                    builder.update(block)
-                    writer.write(block)
-                writer.flush()
-                os.fsync(writer.fileno())
-        manifest = builder.finish(name)
-        if manifest.size != pin["size"] or manifest.sha256 != pin["sha256"]:
-            os.unlink(landed)
-            self.fail(
-                f"{self.who}: {name} from {source} is {manifest.size} bytes, sha256 {manifest.sha256}; the lock "
-                f"pins {pin['size']} bytes, {pin['sha256']} ({self.params['name']} {self.params['revision']}); "
-                "the source does not hold the pinned revision"
-            )
-        os.replace(landed, final)
-        return manifest.to_dict()
-
-    def download(self, name: str) -> str:
-        """The hub's copy of one file at the pinned commit, in a download folder beside staging."""
-        try:
-            return hub_download(
-                self.params["repository"],
-                self.params["revision"],
-                name,
-                self.where.download,
-                self.params["hub_token"],
-            )
-        except ImportError:
-            self.fail(
-                f"{self.who}: huggingface_hub is not importable by {sys.executable}; the model role "
-                "installs it into model_hub_venv for hub models, or name a source directory in model_sources"
-            )
-        except Exception as error:  # the hub client raises many kinds; each names the problem
-            self.fail(
-                f"{self.who}: downloading {name} of {self.params['repository']}@{self.params['revision']} "
-                f"failed: {type(error).__name__}: {error}; rerun to resume, or use a source directory"
-            )
-
-    def chunk_manifest(self, name: str, entry: dict | None) -> dict:
-        """A verified file's chunk manifest: from the record when it has one, else hashed now."""
-        pin = self.pins[name]
-        if entry and entry.get("chunks"):
-            return Manifest(
-                name=name,
-                sha256=pin["sha256"],
-                size=pin["size"],
-                chunk_size=entry["chunk_size"],
-                chunks=tuple(entry["chunks"]),
-            ).to_dict()
-        path = os.path.join(self.where.path, name)
-        return build_manifest(path, self.params["chunk_size"], name=name).to_dict()
+    def obtain(self, source: ModelSource, held: dict) -> tuple[dict, int]:
+        """Every lacking file from the source into staging, then staging in for PATH; returns the
+        obtained files' chunk manifests and their bytes."""
+        manifests, obtained = {}, 0
+        if not (held["lacks"] or held["extras"]):
+            return manifests, obtained
+        complete = prepare_staging(self.where, self.files, held["verified"])
+        lacking = [name for name in held["lacks"] if name not in complete]
+        for index, name in enumerate(lacking):
+            self.progress(f"obtaining {index + 1}/{len(lacking)}: {name} ({self.pins[name]['size']} bytes)")
+            manifests[name] = source.fetch(name)
+            obtained += self.pins[name]["size"]
+        promote(self.where)
+        remove_tree(self.where.download)  # the hub client's resume state, once every file verified
+        return manifests, obtained
 
     # -- every rank ------------------------------------------------------------------------------
     def present(self) -> dict:
         self.check_filesystem()
-        held = self.assess()
+        held = assess(self.where, self.files, self.params["verify"])
         result = self.plan(held)
         result.update(transfer_result(Stats()))
         self.check_space(result["lacks_bytes"])
@@ -538,11 +360,11 @@ class ModelStage:
             )
         dest, complete = self.where.path, frozenset(self.pins)
         if held["lacks"] or held["extras"]:
-            dest, complete = self.where.staging, self.prepare_staging(held)
+            dest, complete = self.where.staging, prepare_staging(self.where, self.files, held["verified"])
         if self.params["transfer"]:
             result.update(self.transfer(fileset, dest, complete))
         if held["lacks"] or held["extras"]:
-            self.promote()
+            promote(self.where)
         if result["changed"]:
             self.record(fileset.to_list())
         return result
@@ -567,6 +389,11 @@ class ModelStage:
             self.fail(f"{self.who}: fan-out of {self.params['name']} failed: {error}")
 
     # -- reporting -------------------------------------------------------------------------------
+    def record(self, manifests: list[dict]) -> None:
+        """The record beside PATH: the manifest digest and each file's stamp as verified now."""
+        meta = {"name": self.params["name"], "revision": self.params["revision"]}
+        write_record(self.where, meta, manifests)
+
     def progress(self, phase: str) -> None:
         """Tell whoever follows the progress file what rank 0 is doing now."""
         os.makedirs(self.where.store, exist_ok=True)

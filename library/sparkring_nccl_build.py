@@ -12,7 +12,8 @@ module: sparkring_nccl_build
 short_description: Build the patched (or stock) NCCL from a pinned source and attest the result
 description:
   - Verifies the NCCL source archive and every patch against the sha256 pinned in
-    C(images/lock.json), unpacks the source, checks the sha256 of every file a patch touches
+    C(images/lock.json) (or, for a source pinned by O(source_tree_sha256), the unpacked tree
+    against its digest), unpacks the source, checks the sha256 of every file a patch touches
     just before that patch (its C(Preimage-SHA256) lines), applies the patch with
     C(patch --fuzz=0), runs C(make src.build) with C(NVCC_GENCODE), and installs
     C(lib/libnccl.so.2) and C(attestation.json) into O(dest) in one directory swap.
@@ -22,7 +23,7 @@ description:
   - Same inputs (source, patches, compilers, flags) and an intact library mean no rebuild
     (C(changed=false)). A library whose sha256 no longer matches its attestation is rebuilt.
   - Any refusal names the input that failed in C(field) (C(source_sha256), C(source_dir),
-    C(preimage), C(patches), C(cuda_home), C(build)).
+    C(source_tree_sha256), C(preimage), C(patches), C(cuda_home), C(build)).
 version_added: "0.1.0"
 author: SparkRing
 options:
@@ -36,8 +37,14 @@ options:
     required: true
   source_sha256:
     description:
-      - The archive's pinned sha256. Empty or null means the release is not pinned, and the
-        module refuses to build it.
+      - The archive's pinned sha256. Empty or null with no O(source_tree_sha256) either means
+        the release is not pinned, and the module refuses to build it.
+    type: str
+  source_tree_sha256:
+    description:
+      - The pinned digest of the unpacked source tree (sha256 over sorted C(name NUL file-sha256
+        LF) lines), for sources whose archive bytes depend on who packed them (GitHub's
+        archives). Checked on every unpack, before any patch; part of the build identity.
     type: str
   source_dir:
     description: The one top directory inside the archive.
@@ -82,7 +89,7 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Verifies the archive, the patches and their preimages, and reports what would be built.
+    details: Verifies the archive (or its tree), the patches and their preimages, and reports what would be built.
   diff_mode:
     support: full
     details: Shows the attestation before and after (in check mode, the planned inputs).
@@ -161,9 +168,9 @@ from ansible.module_utils.sparkring_nccl import (
     build,
     check_pins,
     compiler_versions,
-    extract_source,
     is_current,
     read_attestation,
+    unpack_pinned,
 )
 
 
@@ -177,6 +184,7 @@ class NcclBuilder:
             version=params["version"],
             source_archive=params["source_archive"],
             source_sha256=params["source_sha256"],
+            source_tree_sha256=params["source_tree_sha256"],
             source_dir=params["source_dir"],
             patches=[PatchSpec(p["path"], p["sha256"]) for p in params["patches"]],
             dest=params["dest"],
@@ -193,7 +201,7 @@ class NcclBuilder:
     def verify_inputs(self) -> None:
         """What a build would refuse short of compiling: the layout and preimages, on a scratch copy."""
         with tempfile.TemporaryDirectory(prefix="sparkring-nccl-plan-") as scratch:
-            tree = extract_source(self.request.source_archive, self.request.source_dir, Path(scratch))
+            tree = unpack_pinned(self.request, Path(scratch))
             apply_patches(tree, self.request.patches, self.run)
 
     def absent_inputs(self) -> list[str]:
@@ -261,6 +269,7 @@ def main() -> None:
             "version": {"type": "str", "required": True},
             "source_archive": {"type": "path", "required": True},
             "source_sha256": {"type": "str"},
+            "source_tree_sha256": {"type": "str"},
             "source_dir": {"type": "str", "required": True},
             "patches": {
                 "type": "list",

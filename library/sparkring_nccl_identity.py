@@ -13,15 +13,15 @@ short_description: Prove which NCCL library every vLLM process of one rank's con
 description:
   - Lists the processes of the rank's running container (host PIDs from C(docker top)) whose
     executable is Python (the vLLM API server, engine core and workers), and reads from each one's
-    C(/proc/<pid>/maps) every mapped file whose name starts with I(library_prefix), hashing the
+    C(/proc/<pid>/maps) every mapped file whose name starts with O(library_prefix), hashing the
     exact mapped inode (C(/proc/<pid>/map_files)).
-  - Passes when every such process maps exactly one copy and its sha256 is I(attested_sha256), or,
-    when I(attested_sha256) is empty (a deployment without NCCL, such as the CPU sim), none at all.
+  - Passes when every such process maps exactly one copy and its sha256 is O(attested_sha256), or,
+    when O(attested_sha256) is empty (a deployment without NCCL, such as the CPU sim), none at all.
   - When a process maps a second copy beside the attested one (torch ships its own libnccl), the
     second copy must be proven unused by symbol resolution, from the live process - the attested
     copy comes first in the dynamic linker's link map for its soname (so C(dlopen) by soname and
     the global lookup scope find it), and every GOT slot of every object that needs the library
-    and imports a symbol starting with I(symbol_prefix) is either not bound yet or bound into the
+    and imports a symbol starting with O(symbol_prefix) is either not bound yet or bound into the
     attested copy. The result says which case held (C(mode)).
   - A failed verdict is a result, not a module failure; the module fails only when the container
     is not running or a process cannot be read.
@@ -46,12 +46,9 @@ options:
     description: Prefix of the imported symbols whose GOT slots are checked.
     type: str
     default: nccl
-  docker_host:
-    description: C(DOCKER_HOST) of the rank's daemon; empty uses the default socket.
-    type: str
-    default: ""
 extends_documentation_fragment:
   - action_common_attributes
+  - sparkring_docker
 attributes:
   check_mode:
     support: full
@@ -91,26 +88,26 @@ container_id:
   type: str
 """
 
-import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sparkring_docker import DOCKER_HOST_OPTION, Docker, DockerError, read_cmdline
 from ansible.module_utils.sparkring_linkage import LibraryUse, LinkageError, identity_verdict
 
 
-def container_pids(module: AnsibleModule, docker: str, env: dict) -> tuple[str, list[int]]:
+def container_pids(module: AnsibleModule) -> tuple[str, list[int]]:
     name = module.params["container"]
-    rc, out, err = module.run_command([docker, "container", "inspect", name], environ_update=env)
-    state = json.loads(out)[0] if rc == 0 else None
-    if not state or not state["State"]["Running"]:
-        module.fail_json(
-            msg=f"container: {name} is not running here ({err.strip() or 'stopped'}); "
-            "start the deployment (playbooks/launch.yml) before the acceptance gates"
-        )
-    rc, out, err = module.run_command([docker, "top", name, "-eo", "pid"], environ_update=env)
-    if rc != 0:
-        module.fail_json(msg=f"container: docker top {name} failed: {err.strip()}")
-    return state["Id"], [int(line) for line in out.split()[1:] if line.isdigit()]
+    docker = Docker(module)
+    try:
+        state = docker.inspect(name)
+        if not state or not state["State"]["Running"]:
+            module.fail_json(
+                msg=f"container: {name} is not running here ({'stopped' if state else 'no such container'}); "
+                "start the deployment (playbooks/launch.yml) before the acceptance gates"
+            )
+        return state["Id"], docker.pids(name)
+    except DockerError as error:
+        module.fail_json(msg=f"container: {error}")
 
 
 def is_python(pid: int) -> bool:
@@ -120,11 +117,6 @@ def is_python(pid: int) -> bool:
         return False  # exited meanwhile, or a kernel thread
 
 
-def title(pid: int) -> str:
-    with open(f"/proc/{pid}/cmdline", "rb") as handle:
-        return handle.read(400).replace(b"\0", b" ").decode(errors="replace").strip()
-
-
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -132,25 +124,21 @@ def main() -> None:
             "attested_sha256": {"type": "str", "default": ""},
             "library_prefix": {"type": "str", "default": "libnccl"},
             "symbol_prefix": {"type": "str", "default": "nccl"},
-            "docker_host": {"type": "str", "default": ""},
+            **DOCKER_HOST_OPTION,
         },
         supports_check_mode=True,
     )
     attested = module.params["attested_sha256"]
     if attested and (len(attested) != 64 or any(c not in "0123456789abcdef" for c in attested)):
         module.fail_json(msg=f"attested_sha256: {attested!r} is not a sha256 (64 lowercase hex digits)")
-    env = {"LANG": "C", "LC_ALL": "C"}
-    if module.params["docker_host"]:
-        env["DOCKER_HOST"] = module.params["docker_host"]
-    docker = module.get_bin_path("docker", required=True)
-    container_id, pids = container_pids(module, docker, env)
+    container_id, pids = container_pids(module)
     use = LibraryUse(module.params["library_prefix"], module.params["symbol_prefix"])
     processes = []
     for pid in pids:
         if not is_python(pid):
             continue
         try:
-            processes.append({**use.inspect(pid), "title": title(pid)})
+            processes.append({**use.inspect(pid), "title": read_cmdline(pid)})
         except FileNotFoundError:
             continue  # the process ended between docker top and now
         except (OSError, LinkageError) as exc:

@@ -15,8 +15,9 @@ description:
     (hostname, management address, every ring port's carrier, MTU, address and speed, a
     don't-fragment jumbo ping to each neighbour, that non-neighbours are unreachable over
     the fabric, free disk, free ports, the container engine, RDMA ports and RoCE GIDs, the
-    GPU and that no other process holds it) and returns one result per check with a stable
-    check ID.
+    PCIe link of every RDMA function against its maximum with the board and NIC firmware,
+    the GPU and that no other process holds it) and returns one result per check with a
+    stable check ID.
   - It changes nothing on the node. A failed check is a result, not a module failure; the
     caller (the C(preflight) role) decides to fail the play. The module fails only on
     arguments it cannot use.
@@ -86,10 +87,6 @@ options:
         (this cluster's own deployment, on a re-run) passes PF-PORTS-FREE and PF-GPU-FREE; unset, any
         holder fails them.
     type: str
-  docker_host:
-    description: The container engine's API socket (C(unix://) URL); PF-CONTAINER-ENGINE pings it.
-    type: str
-    default: unix:///var/run/docker.sock
   require_gpu:
     description: Fail PF-GPU when no GPU is visible; when false a node without nvidia-smi skips it.
     type: bool
@@ -112,9 +109,16 @@ options:
         model stage runs after preflight and fills or repairs it) reports those as skips naming what differs.
     type: bool
     default: true
+  sysfs_root:
+    description:
+      - Where sysfs is mounted. Every link, RDMA, PCIe and DMI fact is read under it; the unit tests
+        point it at a sysfs tree they build.
+    type: path
+    default: /sys
 extends_documentation_fragment:
   - action_common_attributes
   - sparkring_ring_port.ports
+  - sparkring_docker
 attributes:
   check_mode:
     support: full
@@ -171,11 +175,22 @@ gid_indices:
   returned: always
   type: dict
   sample: {enp1s0f0np0: 3}
+pcie:
+  description:
+    - "The board firmware DMI exposes (C(bios_vendor), C(bios_version), C(bios_date), C(board_name),
+      C(product_name), where present) and, per RDMA function, its PCI address, trained and maximum
+      PCIe speed (GT/s) and width, NIC firmware (C(fw_ver)) and whether it trained at its maximum.
+      Empty off the verbs fabric."
+  returned: always
+  type: dict
+  sample:
+    board: {bios_version: "<version>", bios_date: "<mm/dd/yyyy>"}
+    functions:
+      roceP2p1s0f0: {device: roceP2p1s0f0, address: "0002:01:00.0", speed_gt_s: 32.0, width: 2,
+                     max_speed_gt_s: 32.0, max_width: 4, firmware: "<fw_ver>", at_maximum: false}
 """
 
-import http.client
 import ipaddress
-import json
 import os
 import socket
 from collections.abc import Callable
@@ -184,31 +199,45 @@ from dataclasses import asdict
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sparkring_docker import DOCKER_HOST_OPTION, Docker, DockerError
 from ansible.module_utils.sparkring_gpu import (
     COMPUTE_APPS_ARGS,
-    GpuProcess,
     GpuQueryError,
     container_id,
-    describe,
     foreign_processes,
     parse_compute_apps,
 )
 from ansible.module_utils.sparkring_link_facts import (
-    LINK_LOCAL,
     SYSFS,
-    Gid,
-    Link,
     LinkFactError,
     Runner,
     ipv4_addresses,
-    ipv4_mapped_gid,
     nccl_auto_gid,
     ping,
+    rdma_devices,
+    read_board_firmware,
     read_link,
+    read_pcie_link,
     route_to,
 )
 from ansible.module_utils.sparkring_model import layout as model_layout
 from ansible.module_utils.sparkring_model import layout_problems, record_problems
+from ansible.module_utils.sparkring_preflight_checks import (
+    CHECK_IDS,
+    judge_container_engine,
+    judge_disk,
+    judge_gpu,
+    judge_gpu_free,
+    judge_hostname,
+    judge_management,
+    judge_model,
+    judge_nccl_gid,
+    judge_non_neighbor,
+    judge_pcie,
+    judge_port_free,
+    skipped,
+)
+from ansible.module_utils.sparkring_procfs import listening_sockets, socket_holders
 from ansible.module_utils.sparkring_ring_checks import (
     RING_PORT_OPTIONS,
     Check,
@@ -217,274 +246,7 @@ from ansible.module_utils.sparkring_ring_checks import (
     port_argument_problems,
     read_twin,
     twin_checks,
-    twin_subject,
 )
-
-# The order results come out in (and the order of the table in docs/preflight.md).
-CHECK_IDS = (
-    "PF-SSH",
-    "PF-MGMT-ADDR",
-    "PF-LINK-UP",
-    "PF-LINK-MTU",
-    "PF-LINK-ADDR",
-    "PF-LINK-SPEED",
-    "PF-JUMBO-PING",
-    "PF-NONNEIGHBOR-UNREACHABLE",
-    "PF-DISK-FREE",
-    "PF-PORTS-FREE",
-    "PF-CONTAINER-ENGINE",
-    "PF-RDMA-BIND",
-    "PF-RDMA-PORT",
-    "PF-RDMA-GID",
-    "PF-NCCL-GID",
-    "PF-GPU",
-    "PF-GPU-FREE",
-    "PF-MODEL-LAYOUT",
-    "PF-MODEL-MANIFEST",
-)
-GIB = 1024**3
-# /proc/net state codes of a listening TCP socket and a bound UDP socket.
-_LISTEN_STATE = {"tcp": "0A", "udp": "07"}
-
-
-def passed(check: str, subject: str, detail: str) -> Check:
-    return Check(check, "pass", "node", subject, detail)
-
-
-def failed(check: str, subject: str, detail: str, fix: str) -> Check:
-    return Check(check, "fail", "node", subject, detail, fix)
-
-
-def skipped(check: str, subject: str, reason: str) -> Check:
-    return Check(check, "skip", "node", subject, reason)
-
-
-# ---- judgements: facts in, results out (pure; the unit tests drive these) ----
-
-
-def judge_hostname(rank: int, expected: str, actual: str) -> Check:
-    subject = f"r{rank}"
-    if actual == expected:
-        return passed("PF-SSH", subject, f"ssh reached the node; hostname {actual}")
-    return failed(
-        "PF-SSH",
-        subject,
-        f"ssh reached a node named {actual!r}, expected {expected!r}",
-        f"point rank {rank}'s ssh target (ranks[{rank}].host / ssh in cluster.yml) at the node "
-        f"named {expected}, or set that node's hostname to {expected}",
-    )
-
-
-def judge_management(
-    rank: int, management: dict[str, Any], link: Link, addresses: list[ipaddress.IPv4Interface]
-) -> Check:
-    iface = management["interface"]
-    want = ipaddress.IPv4Interface(f"{management['address']}/{management['prefix']}")
-    subject = f"r{rank} {iface}"
-    fix = f"configure {want} on {iface} and bring it up, or correct ranks[{rank}].management in cluster.yml"
-    if not link.exists:
-        return failed("PF-MGMT-ADDR", subject, f"interface {iface} does not exist", fix)
-    if want not in addresses:
-        found = ", ".join(map(str, addresses)) or "none"
-        return failed("PF-MGMT-ADDR", subject, f"IPv4 on {iface}: {found}; expected {want}", fix)
-    if not link.up:
-        return failed("PF-MGMT-ADDR", subject, f"{iface} has {want} but is {link.operstate}", fix)
-    return passed("PF-MGMT-ADDR", subject, f"{iface} up with {want}")
-
-
-def judge_non_neighbor(
-    rank: int, peer: int, address: str, answered_on: list[str], route_dev: str | None
-) -> Check:
-    subject = f"r{rank} -> r{peer} {address}"
-    if not answered_on:
-        return passed(
-            "PF-NONNEIGHBOR-UNREACHABLE", subject, "no reply over any ring port (expected: unreachable)"
-        )
-    return failed(
-        "PF-NONNEIGHBOR-UNREACHABLE",
-        subject,
-        f"non-neighbour r{peer} answered over {', '.join(answered_on)} (kernel route via "
-        f"{route_dev or 'none'}); expected no path over the fabric",
-        "a ring node forwards or routes between its cables: set net.ipv4.ip_forward=0 on the "
-        "ranks between them and remove routes to other edges' subnets",
-    )
-
-
-def judge_disk(path: str, measured_on: str, free_bytes: int, min_free_gib: float) -> Check:
-    free_gib = free_bytes / GIB
-    where = path if measured_on == path else f"{path} (measured on {measured_on})"
-    if free_gib >= min_free_gib:
-        return passed("PF-DISK-FREE", path, f"{where}: {free_gib:.1f} GiB free, need {min_free_gib:g}")
-    return failed(
-        "PF-DISK-FREE",
-        path,
-        f"{where}: {free_gib:.1f} GiB free; expected at least {min_free_gib:g} GiB",
-        f"free space on the filesystem holding {measured_on}, or lower the limit in preflight_disk_free",
-    )
-
-
-def judge_port_free(
-    port: int, protocol: str, purpose: str, holders: list[str] | None, ours: list[str]
-) -> Check:
-    """Free, or held only by this cluster's own containers (a re-run: launch replaces them)."""
-    subject = f"{port}/{protocol}" + (f" ({purpose})" if purpose else "")
-    if holders is None:
-        return passed("PF-PORTS-FREE", subject, "nothing listens on it")
-    if holders and set(holders) <= set(ours):
-        return passed("PF-PORTS-FREE", subject, f"held by this cluster's own container {', '.join(holders)}")
-    held = ", ".join(holders) or "a process this node does not show"
-    return failed(
-        "PF-PORTS-FREE",
-        subject,
-        f"already listening on {port}/{protocol}: {held}; expected free",
-        f"stop what holds it (`ss -lpn 'sport = :{port}'`) or choose another port in preflight_free_ports",
-    )
-
-
-def judge_nccl_gid(rank: int, port: dict[str, Any], twin: int, gid: Gid | None) -> Check:
-    """PF-NCCL-GID: the GID NCCL picks itself on a device it is given (NCCL_IB_GID_INDEX=-1, AF_INET,
-    RoCE v2; link_facts.nccl_auto_gid follows ncclIbGetGidIndex) is the one the design needs: the
-    port's IPv4-mapped RoCE v2 GID on the first twin, a link-local GID on another (which rides with
-    its cage in the switchless connector). docs/nccl.md, "Twins"."""
-    spec = port["twins"][twin]
-    subject, device = (
-        twin_subject(rank, port, twin),
-        f"{spec.get('rdma_device')} port {spec.get('rdma_port')}",
-    )
-    found = "no GID" if gid is None else f"index {gid.index} = {gid.gid} ({gid.type})"
-    if twin == 0:
-        want = ipv4_mapped_gid(port["address"])
-        if gid is not None and gid.gid == want and gid.type == "RoCE v2":
-            return Check("PF-NCCL-GID", "pass", "rdma", subject, f"NCCL picks {device} {found}")
-        return Check(
-            "PF-NCCL-GID",
-            "fail",
-            "rdma",
-            subject,
-            f"NCCL would pick {device} {found}; expected the RoCE v2 GID of {port['address']} ({want})",
-            f"give {spec['interface']} exactly {port['address']} (run the fabric stage): NCCL takes the first "
-            "RoCE v2 IPv4 GID of a device, and the connector finds the peer's cable by its /24",
-        )
-    if gid is not None and gid.gid in LINK_LOCAL:
-        return Check(
-            "PF-NCCL-GID",
-            "pass",
-            "rdma",
-            subject,
-            f"NCCL picks {device} {found} (link-local, rides with its cage)",
-        )
-    return Check(
-        "PF-NCCL-GID",
-        "fail",
-        "rdma",
-        subject,
-        f"NCCL would pick {device} {found}; expected a link-local GID (this twin carries no address)",
-        f"remove the IPv4 addresses of {spec['interface']} and bring it up with IPv6 link-local addressing "
-        "(run the fabric stage)",
-    )
-
-
-def judge_gpu(rank: int, require: bool, found: str | None, error: str | None) -> Check:
-    subject = f"r{rank}"
-    if found:
-        return passed("PF-GPU", subject, f"nvidia-smi sees: {found}")
-    if not require and error is None:
-        return skipped("PF-GPU", subject, "no nvidia-smi on this node and no GPU required")
-    return failed(
-        "PF-GPU",
-        subject,
-        f"no GPU visible ({error or 'nvidia-smi listed none'}); expected at least one",
-        "install the NVIDIA driver and check `nvidia-smi`",
-    )
-
-
-def judge_model(
-    rank: int, model: dict[str, Any], check: str, problems: list[str] | None, detail: str, required: bool
-) -> Check:
-    """PF-MODEL-LAYOUT or PF-MODEL-MANIFEST of one model: pass, or what differs (a skip when the
-    model stage still runs after preflight and puts it right)."""
-    subject = f"r{rank} {model['path']}"
-    what = f"{model['name']} {model['revision']}"
-    if problems is None:
-        found = f"{model['path']} does not exist"
-    elif problems:
-        shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
-        found = f"{model['path']} is not {what} as pinned: {shown}"
-    else:
-        return passed(check, subject, detail)
-    if not required:
-        return skipped(
-            check, subject, f"{found}; the model stage after preflight (site.yml) puts {what} there"
-        )
-    return failed(
-        check,
-        subject,
-        found,
-        "run the model stage (ansible-playbook playbooks/model.yml): it obtains the pinned files once and "
-        "re-sends only what differs",
-    )
-
-
-def judge_gpu_free(rank: int, foreign: list[GpuProcess] | None, error: str | None) -> Check:
-    """PF-GPU-FREE: no compute process on the GPU but this cluster's own containers.
-
-    ``foreign`` None with no error: there is no nvidia-smi and no GPU is required (skip)."""
-    subject = f"r{rank}"
-    if error:
-        return failed(
-            "PF-GPU-FREE",
-            subject,
-            f"cannot tell who holds the GPU: {error}",
-            "check that `nvidia-smi --query-compute-apps=pid,process_name --format=csv` works on the node",
-        )
-    if foreign is None:
-        return skipped("PF-GPU-FREE", subject, "no nvidia-smi on this node and no GPU required")
-    if not foreign:
-        return passed("PF-GPU-FREE", subject, "no process holds the GPU but this cluster's own containers")
-    return failed(
-        "PF-GPU-FREE",
-        subject,
-        f"the GPU is held by {describe(foreign)}; expected free (a GB10 shares its memory with the CPU: "
-        "the model would run out of memory at load on this rank after the others started)",
-        "stop those processes (`nvidia-smi` lists them; a previous vLLM outside SparkRing, a notebook) "
-        "and run again",
-    )
-
-
-# ---- fact readers that are preflight's own (not link facts) ----
-
-
-def listening_sockets(protocol: str, proc: str = "/proc") -> dict[int, set[int]]:
-    """Port -> inodes of its listening (TCP) or bound (UDP) sockets in this network namespace."""
-    ports: dict[int, set[int]] = {}
-    for name in (protocol, protocol + "6"):
-        try:
-            with open(os.path.join(proc, "net", name), encoding="ascii") as handle:
-                lines = handle.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9 and fields[3] == _LISTEN_STATE[protocol]:
-                port = int(fields[1].rsplit(":", 1)[1], 16)
-                ports.setdefault(port, set()).add(int(fields[9]))
-    return ports
-
-
-def socket_holders(inodes: set[int], proc: str = "/proc") -> dict[int, str]:
-    """PID -> command name of every process holding one of these sockets."""
-    wanted = {f"socket:[{inode}]" for inode in inodes}
-    holders = {}
-    for pid in filter(str.isdigit, os.listdir(proc)):
-        fd_dir = os.path.join(proc, pid, "fd")
-        try:
-            held = any(os.readlink(os.path.join(fd_dir, fd)) in wanted for fd in os.listdir(fd_dir))
-            if held:
-                with open(os.path.join(proc, pid, "comm"), encoding="utf-8", errors="replace") as handle:
-                    holders[int(pid)] = handle.read().strip()
-        except OSError:
-            continue  # the process ended or is not ours to read
-    return holders
 
 
 def nearest_existing(path: str) -> str:
@@ -494,56 +256,10 @@ def nearest_existing(path: str) -> str:
     return path
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    """HTTP over a unix socket: the Docker API without the docker CLI or SDK."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
-
-
-def docker_get(docker_host: str, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    """One GET on the Docker API socket; returns (status, body)."""
-    if not docker_host.startswith("unix://"):
-        raise ValueError(f"docker_host {docker_host!r} is not a unix:// socket")
-    conn = _UnixHTTPConnection(docker_host.removeprefix("unix://"), timeout)
-    try:
-        conn.request("GET", path)
-        reply = conn.getresponse()
-        return reply.status, reply.read()
-    finally:
-        conn.close()
-
-
-def docker_version(docker_host: str) -> str:
-    """GET /_ping then /version; returns the engine version or raises OSError/ValueError."""
-    status, body = docker_get(docker_host, "/_ping")
-    if status != 200 or body != b"OK":
-        raise ValueError(f"/_ping answered {status} {body[:80]!r}")
-    version = json.loads(docker_get(docker_host, "/version")[1])
-    return f"{version.get('Version', '?')} (API {version.get('ApiVersion', '?')})"
-
-
-def cluster_container(docker_host: str, container: str, cluster: str) -> str | None:
-    """The container's name when it carries this cluster's label (sparkring.cluster), else None."""
-    try:
-        status, body = docker_get(docker_host, f"/containers/{container}/json")
-        info = json.loads(body) if status == 200 else {}
-    except (OSError, ValueError, http.client.HTTPException):
-        return None
-    labels = (info.get("Config") or {}).get("Labels") or {}
-    return (
-        info.get("Name", container[:12]).lstrip("/") if labels.get("sparkring.cluster") == cluster else None
-    )
-
-
 class Preflight:
-    """Reads the facts of one rank and turns them into results, in CHECK_IDS order."""
+    """Reads the facts of one rank and turns them into results, in CHECK_IDS order.
+
+    `docker` is the rank's daemon (module_utils/sparkring_docker), None where no docker CLI is installed."""
 
     def __init__(
         self,
@@ -551,16 +267,19 @@ class Preflight:
         run: Runner,
         which: Callable[[str, bool], str | None],
         sysfs: str = SYSFS,
+        docker: Docker | None = None,
     ) -> None:
         self.p = params
         self.run = run
         self.which = which
         self.sysfs = sysfs
+        self.docker = docker
         self.rank = params["rank"]
         self.ports = sorted(params["ports"], key=lambda port: port["cage"])
         self.ip_bin = which("ip", True)
         self.ping_bin = which("ping", True)
         self.gid_indices: dict[str, int] = {}
+        self.pcie: dict[str, Any] = {}
 
     def _addresses(self, interface: str) -> list[ipaddress.IPv4Interface]:
         try:
@@ -581,6 +300,7 @@ class Preflight:
         )
         out += self._ports()
         out += self._non_neighbors()
+        out += self._pcie()
         for item in self.p["disk"]:
             where = nearest_existing(item["path"])
             stat = os.statvfs(where)
@@ -626,6 +346,30 @@ class Preflight:
             return []
         gid = nccl_auto_gid(spec["rdma_device"], spec["rdma_port"], self.sysfs)
         return [judge_nccl_gid(self.rank, port, twin, gid)]
+
+    def _pcie(self) -> list[Check]:
+        """PF-PCIE of every twin's RDMA function (verbs), with the board and NIC firmware in self.pcie."""
+        twins = [(port, t) for port in self.ports for t in range(len(port["twins"]))]
+        devices = [port["twins"][t].get("rdma_device") for port, t in twins]
+        if self.p["fabric"] != "verbs" or not any(devices):
+            return [
+                skipped(
+                    "PF-PCIE",
+                    f"r{self.rank}",
+                    f"not applicable: fabric {self.p['fabric']}, no RDMA function to check (this node has "
+                    f"{', '.join(rdma_devices(self.sysfs)) or 'no RDMA device'}); PCIe links are checked on verbs",
+                )
+            ]
+        board = read_board_firmware(self.sysfs)
+        present = set(rdma_devices(self.sysfs))
+        out, functions = [], {}
+        for (port, t), device in zip(twins, devices, strict=True):
+            link = read_pcie_link(device, self.sysfs) if device in present else None
+            if link is not None:
+                functions[device] = {**asdict(link), "at_maximum": link.at_maximum}
+            out.append(judge_pcie(self.rank, port, t, link, board))
+        self.pcie = {"board": board, "functions": functions}
+        return out
 
     def _non_neighbors(self) -> list[Check]:
         neighbors = {self.rank} | {port["peer_rank"] for port in self.ports}
@@ -675,10 +419,7 @@ class Preflight:
                 holders = sorted({f"{name} (pid {pid})" for pid, name in pids.items()})
                 containers = {container_id(pid) for pid in pids}
                 if self.p["cluster_name"] and pids and None not in containers:
-                    names = [
-                        cluster_container(self.p["docker_host"], cid, self.p["cluster_name"])
-                        for cid in containers
-                    ]
+                    names = [self._cluster_container(cid) for cid in containers]
                     if None not in names:
                         holders = ours = sorted(names)
             out.append(judge_port_free(item["port"], item["protocol"], item["purpose"], holders, ours))
@@ -686,16 +427,26 @@ class Preflight:
 
     def _container_engine(self) -> Check:
         host = self.p["docker_host"]
+        if self.docker is None:
+            return judge_container_engine(host, None, "no docker CLI on this node")
         try:
-            version = docker_version(host)
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            return failed(
-                "PF-CONTAINER-ENGINE",
-                host,
-                f"the Docker daemon does not answer on {host}: {exc}",
-                "install and start Docker (`systemctl enable --now docker`), or set preflight_docker_host",
-            )
-        return passed("PF-CONTAINER-ENGINE", host, f"Docker {version} answers /_ping")
+            return judge_container_engine(host, self.docker.ping(), None)
+        except DockerError as exc:
+            return judge_container_engine(host, None, str(exc))
+
+    def _cluster_container(self, container: str) -> str | None:
+        """The container's name when it carries this cluster's label (sparkring.cluster), else None."""
+        cluster = self.p["cluster_name"]
+        if not cluster or self.docker is None:
+            return None
+        try:
+            info = self.docker.inspect(container) or {}
+        except (DockerError, ValueError):
+            return None  # a daemon that does not answer: the holder stays foreign (fail closed)
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        if labels.get("sparkring.cluster") != cluster:
+            return None
+        return info.get("Name", container[:12]).lstrip("/")
 
     def _gpu(self) -> Check:
         smi = self.which("nvidia-smi", False)
@@ -727,22 +478,16 @@ class Preflight:
                 out.append(judge_model(self.rank, model, "PF-MODEL-LAYOUT", None, "", required))
                 out.append(judge_model(self.rank, model, "PF-MODEL-MANIFEST", None, "", required))
                 continue
-            layout = layout_problems(where.path, files)
             size = sum(int(f["size"]) for f in files)
-            out.append(
-                judge_model(
-                    self.rank, model, "PF-MODEL-LAYOUT", layout,
-                    f"{len(files)} pinned files, {size} bytes, sizes as pinned, nothing else", required,
-                )
-            )  # fmt: skip
+            shape = f"{len(files)} pinned files, {size} bytes, sizes as pinned, nothing else"
+            problems = layout_problems(where.path, files)
+            out.append(judge_model(self.rank, model, "PF-MODEL-LAYOUT", problems, shape, required))
             digest, problems = record_problems(where, files)
-            out.append(
-                judge_model(
-                    self.rank, model, "PF-MODEL-MANIFEST", problems,
-                    f"manifest {digest} of {model['name']} {model['revision']}, verified by the model stage; "
-                    "no file changed since", required,
-                )
-            )  # fmt: skip
+            record = (
+                f"manifest {digest} of {model['name']} {model['revision']}, verified by the model stage; "
+                "no file changed since"
+            )
+            out.append(judge_model(self.rank, model, "PF-MODEL-MANIFEST", problems, record, required))
         return out
 
     def _gpu_free(self) -> Check:
@@ -757,10 +502,9 @@ class Preflight:
             processes = parse_compute_apps(out)
         except GpuQueryError as exc:
             return judge_gpu_free(self.rank, None, str(exc))
-        cluster, host = self.p["cluster_name"], self.p["docker_host"]
 
         def is_ours(container: str) -> bool:
-            return bool(cluster) and cluster_container(host, container, cluster) is not None
+            return self._cluster_container(container) is not None
 
         return judge_gpu_free(self.rank, foreign_processes(processes, is_ours), None)
 
@@ -815,12 +559,13 @@ def main() -> None:
                     "purpose": {"type": "str", "default": ""},
                 },
             },
-            "docker_host": {"type": "str", "default": "unix:///var/run/docker.sock"},
+            **DOCKER_HOST_OPTION,
             "cluster_name": {"type": "str"},
             "require_gpu": {"type": "bool", "default": False},
             "ping_timeout_s": {"type": "int", "default": 2},
             "models": {"type": "list", "elements": "dict", "default": []},
             "model_required": {"type": "bool", "default": True},
+            "sysfs_root": {"type": "path", "default": SYSFS},
         },
         supports_check_mode=True,
     )
@@ -833,7 +578,8 @@ def main() -> None:
     def which(name: str, required: bool) -> str | None:
         return module.get_bin_path(name, required=required, opt_dirs=["/usr/sbin", "/sbin"])
 
-    preflight = Preflight(module.params, run, which)
+    docker = Docker(module) if module.get_bin_path("docker") else None
+    preflight = Preflight(module.params, run, which, sysfs=module.params["sysfs_root"], docker=docker)
     results = preflight.results()
     counts = {status: sum(r.status == status for r in results) for status in ("pass", "fail", "skip")}
     module.exit_json(
@@ -842,6 +588,7 @@ def main() -> None:
         failures=counts["fail"],
         counts=counts,
         gid_indices=preflight.gid_indices,
+        pcie=preflight.pcie,
     )
 
 

@@ -12,30 +12,30 @@ short_description: Attest, start, roll back or stop one rank's vLLM container
 description:
   - Runs on one rank with the spec that C(sparkring_rank_spec) rendered on the controller (the exact
     C(docker run) argv, env, mounts, labels). Nothing here re-renders or edits the argv.
-  - I(state=attested) writes the rank's attestation record (image ID, sha256 of the NCCL library and of
+  - O(state=attested) writes the rank's attestation record (image ID, sha256 of the NCCL library and of
     the transport, overlay and SparkCache packages as found INSIDE the image, mounts with the sha256 of
     read-only files and the manifest digest of each model directory, environment with secrets redacted,
-    full argv, profile hash) under I(attest_dir) and returns it.
+    full argv, profile hash) under O(attest_dir) and returns it.
   - A model directory's digest is the one the model stage verified (full sha256 of every file, kept in
     its record beside the directory); it counts only while every file is the very file verified (stat
     stamp unchanged) and the directory holds nothing else, and the record's files must be the lock's
-    pin for that model (I(models)). Otherwise the rank refuses to attest, naming the files.
-  - When the spec runs with C(--gpus), I(state=attested) first refuses a GPU that a process outside this
+    pin for that model (O(models)). Otherwise the rank refuses to attest, naming the files.
+  - When the spec runs with C(--gpus), O(state=attested) first refuses a GPU that a process outside this
     cluster's containers (label C(sparkring.cluster)) holds, naming the rank and every such process
     (C(nvidia-smi --query-compute-apps)); a previous launch's own containers do not count, since the
     launch replaces them.
-  - When the spec carries C(overlay_pins) (the overlay is on), I(state=attested) refuses an image whose
+  - When the spec carries C(overlay_pins) (the overlay is on), O(state=attested) refuses an image whose
     vLLM version, pinned vLLM files (hashed inside the image) or built-in pins differ from the lock's
     overlay pins for it, naming the file, both hashes, the rank and the fix (the overlay would stop
     vLLM at start otherwise, after the running containers were stopped).
   - Both refusals also run in check mode, where they only read (C(nvidia-smi), and, when the image is
     already on the rank, the image ID and a throwaway C(docker run --rm --network none) in it).
-  - I(state=started) first compares the records of all ranks (I(attestations)); any field that is not
+  - O(state=started) first compares the records of all ranks (O(attestations)); any field that is not
     rank-specific and differs fails the module naming the field and the ranks, before anything changes.
     It then keeps the previous container (stopped, renamed C(<name>-previous)) and runs the new one.
-    A rank whose container already runs this exact argv is left alone unless I(force).
-  - I(state=rolledback) removes the new container and restarts C(<name>-previous) under its old name.
-  - I(state=stopped) stops the rank's container (bounded); I(state=absent) removes it and the previous one.
+    A rank whose container already runs this exact argv is left alone unless O(force).
+  - O(state=rolledback) removes the new container and restarts C(<name>-previous) under its old name.
+  - O(state=stopped) stops the rank's container (bounded); O(state=absent) removes it and the previous one.
 version_added: "0.1.0"
 author: SparkRing
 options:
@@ -47,12 +47,12 @@ options:
   spec:
     description:
       - The rank's spec from the C(sparkring_rank_spec) filter (C(rank), C(container_name), C(image),
-        C(argv), C(env), C(mounts), C(labels), C(secret_env_names)). Required for I(state=attested) and
-        I(state=started); for the other states only C(container_name) is read.
+        C(argv), C(env), C(mounts), C(labels), C(secret_env_names)). Required for O(state=attested) and
+        O(state=started); for the other states only C(container_name) is read.
     type: dict
     required: true
   attestations:
-    description: Every rank's record from I(state=attested) (I(state=started) only).
+    description: Every rank's record from O(state=attested) (O(state=started) only).
     type: list
     elements: dict
     default: []
@@ -75,9 +75,9 @@ options:
   failed_container_id:
     description:
       - Set by a launch's rescue to the container it started on this rank (empty when it started none).
-        Then I(state=rolledback) acts only when that container holds the name; it is removed even
+        Then O(state=rolledback) acts only when that container holds the name; it is removed even
         without a previous one to restore, and its last 300 log lines are kept in
-        I(state_dir)/<name>-failed.log. Unset (a plain rollback), the previous container replaces
+        O(state_dir)/<name>-failed.log. Unset (a plain rollback), the previous container replaces
         whatever holds the name.
     type: str
   secrets:
@@ -109,19 +109,18 @@ options:
     description: Seconds C(docker stop) gives vLLM to exit after SIGTERM before SIGKILL.
     type: int
     default: 30
-  docker_host:
-    description: C(DOCKER_HOST) of the rank's daemon; empty uses the default socket.
-    type: str
-    default: ""
 extends_documentation_fragment:
   - action_common_attributes
+  - sparkring_docker
 attributes:
   check_mode:
     support: full
     details:
-      - Nothing is written, stopped or renamed. I(state=attested) still refuses an occupied GPU and, where
+      - Nothing is written, stopped or renamed. O(state=attested) still refuses an occupied GPU and, where
         the image is already present, a wrong image ID or an image that does not match the overlay pins
-        (a throwaway container with no network reads it); the full record is not written.
+        (a throwaway container with no network reads it); it builds the record and reports C(changed)
+        exactly when the real run would write a new one (always when the image or a model mount is not
+        in place yet, which the image and model stages of the same run bring).
   diff_mode:
     support: full
     details: The argv the rank runs now (before) and the argv it would run (after), one token per line.
@@ -152,7 +151,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 record:
-  description: The attestation record (I(state=attested)); secrets appear as names or C(<redacted>) only.
+  description: The attestation record (O(state=attested)); secrets appear as names or C(<redacted>) only.
   returned: state=attested and not check mode
   type: dict
 record_path:
@@ -183,7 +182,6 @@ restored:
 
 import json
 import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sparkring_attest import (
@@ -193,6 +191,7 @@ from ansible.module_utils.sparkring_attest import (
     disagreements,
     redact_argv,
 )
+from ansible.module_utils.sparkring_docker import DOCKER_HOST_OPTION, Docker, DockerError
 from ansible.module_utils.sparkring_gpu import (
     COMPUTE_APPS_ARGS,
     GpuQueryError,
@@ -200,14 +199,14 @@ from ansible.module_utils.sparkring_gpu import (
     foreign_processes,
     parse_compute_apps,
 )
-from ansible.module_utils.sparkring_integrity import redact_env
+from ansible.module_utils.sparkring_integrity import redact_env, write_json_atomic
 from ansible.module_utils.sparkring_model import layout, record_problems
 
 SHOWN_PROBLEMS = 12
 
 
 class RankLauncher:
-    """One rank's container lifecycle; every docker call goes through `docker()`."""
+    """One rank's container lifecycle; every docker call goes through `docker()` (module_utils/sparkring_docker)."""
 
     def __init__(self, module: AnsibleModule) -> None:
         self.module = module
@@ -217,17 +216,12 @@ class RankLauncher:
             msg="spec.container_name: missing (pass the output of the sparkring_rank_spec filter)"
         )
         self.previous = f"{self.name}-previous"
-        self.binary = module.get_bin_path("docker", required=True)
-        self.env = {"LANG": "C", "LC_ALL": "C"}
-        if module.params["docker_host"]:
-            self.env["DOCKER_HOST"] = module.params["docker_host"]
+        self.engine = Docker(module)
         self.state_path = os.path.join(module.params["state_dir"], f"{self.name}.json")
 
     # -- docker ---------------------------------------------------------------------------------
     def docker(self, *args: str, check: bool = True, env: dict | None = None) -> tuple[int, str, str]:
-        rc, out, err = self.module.run_command(
-            [self.binary, *args], environ_update={**self.env, **(env or {})}
-        )
+        rc, out, err = self.engine.run(*args, env=env)
         if check and rc != 0:
             self.module.fail_json(
                 msg=f"rank {self.spec.get('rank')}: docker {args[0]} {self.name}: {err.strip() or out.strip()}",
@@ -236,15 +230,21 @@ class RankLauncher:
         return rc, out, err
 
     def inspect(self, name: str) -> dict | None:
-        rc, out, _err = self.docker("container", "inspect", name, check=False)
-        return json.loads(out)[0] if rc == 0 else None
+        try:
+            return self.engine.inspect(name)
+        except DockerError as error:
+            self.module.fail_json(
+                msg=f"rank {self.spec.get('rank')}: {error}; is this rank's Docker daemon running?"
+            )
 
     def running(self, container: dict | None) -> bool:
         return bool(container and container["State"]["Running"])
 
     # -- files ----------------------------------------------------------------------------------
     def write_json(self, path: str, value: dict) -> bool:
-        """Atomic write; False when the file already holds exactly this content."""
+        """Atomic, durable write; False when the file already holds exactly this content.
+
+        In check mode nothing is written: True says the file would change."""
         data = json.dumps(value, indent=1, sort_keys=True) + "\n"
         try:
             with open(path, encoding="utf-8") as handle:
@@ -252,12 +252,11 @@ class RankLauncher:
                     return False
         except OSError:
             pass
+        if self.module.check_mode:
+            return True
         os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o640)
-        self.module.atomic_move(tmp, path)
+        write_json_atomic(path, value)
+        os.chmod(path, 0o640)
         return True
 
     def launch_state(self) -> dict:
@@ -298,7 +297,9 @@ class RankLauncher:
                 msg=f"gpu: rank {rank} runs with --gpus but has no nvidia-smi, so nobody can tell whether "
                 "its GPU is free; install the NVIDIA driver utilities on the rank"
             )
-        rc, out, err = self.module.run_command([smi, *COMPUTE_APPS_ARGS], environ_update=self.env)
+        rc, out, err = self.module.run_command(
+            [smi, *COMPUTE_APPS_ARGS], environ_update={"LANG": "C", "LC_ALL": "C"}
+        )
         try:
             if rc != 0:
                 raise GpuQueryError(f"nvidia-smi exited {rc}: {(err or out).strip()[:300]}")
@@ -384,64 +385,75 @@ class RankLauncher:
                 problems=problems,
             )
 
-    def mount_manifest(self, source: str) -> str:
+    def mount_manifest(self, source: str, target: str) -> tuple[str | None, str | None]:
         """A read-only mount's content digest: a file's sha256, or the manifest digest the model stage
-        verified for a model directory (every file's full sha256, trusted while its stamp holds)."""
+        verified for a model directory (every file's full sha256, trusted while its stamp holds); or,
+        instead of a digest, why the mount cannot be attested and what to run."""
+        rank = self.spec["rank"]
+        if not os.path.exists(source):
+            return None, (
+                f"mounts: {source} (for {target}) does not exist on rank {rank}; put it there first (the model stage, "
+                "or the build stage's overlay role for the ring spec)"
+            )
         if os.path.isfile(source):
-            return self.module.sha256(source)
+            return self.module.sha256(source), None
         models = {os.path.normpath(model["path"]): model for model in self.params["models"]}
         model = models.get(os.path.normpath(source))
-        rank = self.spec["rank"]
         if model is None:
-            self.module.fail_json(
-                msg=f"mounts: {source} is a read-only directory on rank {rank} that no pinned model describes; "
+            return None, (
+                f"mounts: {source} is a read-only directory on rank {rank} that no pinned model describes; "
                 "only the profile's MODEL_PATH/DRAFT_PATH are mounted read-only (models from sparkring_model_pins)"
             )
         manifest, problems = record_problems(layout(source), model["files"])
         if problems:
             shown = "; ".join(problems[:SHOWN_PROBLEMS])
-            self.module.fail_json(
-                msg=f"mounts: {source} on rank {rank} is not the verified {model['name']} {model['revision']} "
-                f"({shown}); run the model stage (playbooks/model.yml), which re-sends what differs",
-                problems=problems,
+            return None, (
+                f"mounts: {source} on rank {rank} is not the verified {model['name']} {model['revision']} "
+                f"({shown}); run the model stage (playbooks/model.yml), which re-sends what differs"
             )
-        return manifest
+        return manifest, None
 
-    def mounts(self) -> list[dict]:
+    def mounts(self) -> list[dict] | None:
+        """Every mount with its content digest; None in check mode when a read-only mount is not yet in
+        place (the model stage of the same run would bring it), a failure naming it otherwise."""
         described = []
         for mount in self.spec["mounts"]:
-            if not os.path.exists(mount["source"]):
-                if mount["read_only"]:
-                    self.module.fail_json(
-                        msg=f"mounts: {mount['source']} (for {mount['target']}) does not exist on rank "
-                        f"{self.spec['rank']}; put it there first (the model stage, or the build stage's "
-                        "overlay role for the ring spec)"
-                    )
-                continue  # a writable cache directory is created by docker on first start
-            manifest = self.mount_manifest(mount["source"]) if mount["read_only"] else None
+            if not mount["read_only"]:
+                if os.path.exists(
+                    mount["source"]
+                ):  # a writable cache directory docker creates on first start
+                    described.append({**mount, "manifest_sha256": None})
+                continue
+            manifest, problem = self.mount_manifest(mount["source"], mount["target"])
+            if problem and self.module.check_mode:
+                return None
+            if problem:
+                self.module.fail_json(msg=problem)
             described.append({**mount, "manifest_sha256": manifest})
         return described
 
     def attest(self) -> dict:
         self.refuse_occupied_gpu()
         result: dict = {"changed": False, "up_to_date": self.up_to_date()}
-        if self.module.check_mode:
-            # The plan refuses what it can already see; an image the image stage has yet to bring is not refused.
-            if self.image_present():
-                self.image_identity()
-                self.refuse_unpinned_image(self.image_files())
+        if self.module.check_mode and not self.image_present():
+            # The image stage has yet to bring the image: its record is written once it has.
+            result["changed"] = True
             return result
         spec = self.spec
         image = self.image_identity()
         image_files = self.image_files()
         self.refuse_unpinned_image(image_files)
+        mounts = self.mounts()
+        if mounts is None:
+            result["changed"] = True  # check mode: a model the model stage has yet to bring
+            return result
         record = {
             "schema": SCHEMA,
             "rank": spec["rank"],
             "container_name": self.name,
             "image": image,
             "image_files": image_files,
-            "mounts": self.mounts(),
+            "mounts": mounts,
             "env": redact_env(spec["env"]),
             "labels": spec["labels"],
             "secret_env_names": sorted(spec["secret_env_names"]),
@@ -595,7 +607,7 @@ def main() -> None:
                 "default": ["transport", "overlay", "sparkcache"],
             },
             "stop_timeout": {"type": "int", "default": 30},
-            "docker_host": {"type": "str", "default": ""},
+            **DOCKER_HOST_OPTION,
         },
         supports_check_mode=True,
     )

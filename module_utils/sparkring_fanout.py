@@ -2,9 +2,9 @@
 """Verified, pipelined fan-out of a set of files over the direct ring links (docs/design.md §3.4).
 
 The image stage sends one archive, the model stage every file of a checkpoint: both are a
-`FileSet`, the files' chunks numbered as one stream (file i's chunks follow file i-1's).
-Rank 0 holds the files and their manifests (whole sha256 plus one sha256 per chunk, computed
-before the first byte moves). Every other rank receives chunks from its ring neighbours only:
+`FileSet` (sparkring_fanout_manifest.py), assembled on each rank by a `FileStore`
+(sparkring_fanout_store.py). This file is the transfer itself: who feeds whom, the wire
+protocol and the per-rank agent. Every other rank receives chunks from its ring neighbours only:
 ranks on the near half of each side take every chunk from the neighbour towards rank 0, the
 antipodal rank takes the even chunks from its left and the odd ones from its right, so both
 directions of the ring carry data and no link carries more than the archive once. A relay
@@ -13,15 +13,13 @@ transfer. Chunks are checked against the manifest (which travels over the manage
 never the data links), bad ones are asked for again, a partial file is renamed only after its
 whole sha256 matches, and a restarted transfer keeps every chunk already verified.
 
-Standard library only: this file ships to the nodes with the sparkring_image_fanout module,
-and runs as a script (``python3 sparkring_fanout.py manifest|run``) for benchmarks and tests.
+Standard library only: this file ships to the nodes with the fan-out modules, and runs as a
+script (``python3 sparkring_fanout.py manifest|run``) for benchmarks and tests.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import hashlib
 import json
 import os
 import socket
@@ -32,188 +30,26 @@ import time
 from dataclasses import asdict, dataclass, field
 
 try:  # inside an Ansible module
+    from ansible.module_utils.sparkring_fanout_manifest import (
+        DEFAULT_CHUNK_SIZE,
+        FanoutError,
+        FileSet,
+        Route,
+        build_manifest,
+    )
+    from ansible.module_utils.sparkring_fanout_store import FileStore, check_space, final_state
     from ansible.module_utils.sparkring_geometry import neighbours, world_size_problem
-    from ansible.module_utils.sparkring_integrity import sha256_file, write_json_atomic
+    from ansible.module_utils.sparkring_integrity import write_json_atomic
 except ImportError:  # run as a script: module_utils/ is the script's directory, hence on sys.path
+    from sparkring_fanout_manifest import DEFAULT_CHUNK_SIZE, FanoutError, FileSet, Route, build_manifest
+    from sparkring_fanout_store import FileStore, check_space, final_state
     from sparkring_geometry import neighbours, world_size_problem
-    from sparkring_integrity import sha256_file, write_json_atomic
+    from sparkring_integrity import write_json_atomic
 
-DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
 DEFAULT_PORT = 29610
 PROTOCOL = "sparkring-fanout/2"
 _HEADER = struct.Struct("!I")
 _MAX_HEADER = 32 << 20  # a need list of a large checkpoint in 1 MiB chunks fits
-
-
-class FanoutError(Exception):
-    """A transfer that must stop; the message names the rank, edge or file and the fix."""
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """One file every rank must end up with, known before the first byte moves."""
-
-    name: str
-    sha256: str
-    size: int
-    chunk_size: int
-    chunks: tuple[str, ...]
-    image_ref: str = ""
-    image_id: str = ""
-    image_bytes: int = 0
-
-    def __post_init__(self) -> None:
-        expected = max(1, -(-self.size // self.chunk_size))
-        if self.chunk_size <= 0 or len(self.chunks) != expected:
-            raise FanoutError(
-                f"manifest {self.name}: {len(self.chunks)} chunk hashes for {self.size} bytes in "
-                f"chunks of {self.chunk_size} (expected {expected}); hash the file again on rank 0"
-            )
-        check_relative_name(self.name)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Manifest:
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = set(data) - known
-        if unknown:
-            raise FanoutError(f"manifest has unknown keys {sorted(unknown)}")
-        return cls(**{**data, "chunks": tuple(data["chunks"])})
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "chunks": list(self.chunks)}
-
-    def chunk_range(self, index: int) -> tuple[int, int]:
-        start = index * self.chunk_size
-        return start, min(self.chunk_size, self.size - start)
-
-
-def check_relative_name(name: str) -> None:
-    """A file's name inside the destination: relative, no '..', nothing a shell or a peer could bend."""
-    parts = name.split("/")
-    if not name or name.startswith("/") or any(part in ("", ".", "..") for part in parts) or "\0" in name:
-        raise FanoutError(f"file name {name!r} must be a relative path without '.', '..' or empty parts")
-
-
-def manifest_digest(entries: list[tuple[str, int, str]]) -> str:
-    """The identity of a set of files: sha256 over sorted `name NUL size NUL sha256 LF` lines.
-
-    The one definition: the model stage records it, the launch attests it, the fan-out's hello
-    carries it, so two ranks with different bytes under the same names never agree."""
-    digest = hashlib.sha256()
-    for name, size, sha256 in sorted(entries):
-        digest.update(f"{name}\0{size}\0{sha256}\n".encode())
-    return digest.hexdigest()
-
-
-@dataclass(frozen=True)
-class FileSet:
-    """Files sent as one stream of chunks: file i's chunks are numbered after file i-1's."""
-
-    files: tuple[Manifest, ...]
-
-    def __post_init__(self) -> None:
-        names = [manifest.name for manifest in self.files]
-        if not names:
-            raise FanoutError("a fan-out needs at least one file")
-        if len(set(names)) != len(names):
-            raise FanoutError(f"file names appear twice in one fan-out: {sorted(names)}")
-        starts, total = [], 0
-        for manifest in self.files:
-            starts.append(total)
-            total += len(manifest.chunks)
-        object.__setattr__(self, "_starts", tuple(starts))
-        object.__setattr__(self, "count", total)
-
-    @classmethod
-    def from_list(cls, data: list[dict]) -> FileSet:
-        return cls(tuple(Manifest.from_dict(item) for item in data))
-
-    def to_list(self) -> list[dict]:
-        return [manifest.to_dict() for manifest in self.files]
-
-    @property
-    def digest(self) -> str:
-        return manifest_digest([(m.name, m.size, m.sha256) for m in self.files])
-
-    @property
-    def size(self) -> int:
-        return sum(manifest.size for manifest in self.files)
-
-    @property
-    def label(self) -> str:
-        return self.files[0].name if len(self.files) == 1 else f"{len(self.files)} files"
-
-    def locate(self, index: int) -> tuple[int, int]:
-        """Global chunk index -> (file position, chunk index inside that file)."""
-        if not 0 <= index < self.count:
-            raise FanoutError(f"chunk index {index} outside 0..{self.count - 1}")
-        position = bisect.bisect_right(self._starts, index) - 1
-        return position, index - self._starts[position]
-
-    def chunk_indices(self, position: int) -> range:
-        start = self._starts[position]
-        return range(start, start + len(self.files[position].chunks))
-
-
-class ManifestBuilder:
-    """Hash a file as it streams by: the whole sha256 and one per chunk, in one pass."""
-
-    def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
-        self.chunk_size = chunk_size
-        self.whole = hashlib.sha256()
-        self.current = hashlib.sha256()
-        self.filled = 0
-        self.size = 0
-        self.chunks: list[str] = []
-
-    def update(self, data: bytes) -> None:
-        view = memoryview(data)
-        self.whole.update(view)
-        self.size += len(view)
-        while view:
-            take = min(len(view), self.chunk_size - self.filled)
-            self.current.update(view[:take])
-            self.filled += take
-            view = view[take:]
-            if self.filled == self.chunk_size:
-                self.chunks.append(self.current.hexdigest())
-                self.current, self.filled = hashlib.sha256(), 0
-
-    def finish(self, name: str, **image: object) -> Manifest:
-        chunks = list(self.chunks)
-        if self.filled or not chunks:
-            chunks.append(self.current.hexdigest())
-        return Manifest(
-            name=name,
-            sha256=self.whole.hexdigest(),
-            size=self.size,
-            chunk_size=self.chunk_size,
-            chunks=tuple(chunks),
-            **image,  # type: ignore[arg-type]
-        )
-
-
-def build_manifest(
-    path: str, chunk_size: int = DEFAULT_CHUNK_SIZE, name: str | None = None, **image: object
-) -> Manifest:
-    """Hash a finished file once: the whole sha256 and every chunk's (named `name` or its basename)."""
-    builder = ManifestBuilder(chunk_size)
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            builder.update(block)
-    return builder.finish(name or os.path.basename(path), **image)
-
-
-@dataclass(frozen=True)
-class Route:
-    """One direction of one link: the chunks with ``index % modulus == residue`` go over it."""
-
-    peer_rank: int
-    modulus: int = 1
-    residue: int = 0
-
-    def indices(self, count: int) -> list[int]:
-        return [i for i in range(count) if i % self.modulus == self.residue]
 
 
 def plan_routes(world_size: int, rank: int, source: int = 0) -> tuple[list[Route], list[Route]]:
@@ -266,185 +102,6 @@ class Stats:
     rejected_chunks: int = 0
     sent_bytes: dict = field(default_factory=dict)
     refused: list = field(default_factory=list)
-
-
-class FileStore:
-    """The files being assembled in one directory: which chunks are verified, and waiters.
-
-    A file the caller already holds (verified final file) is read from; any other is written
-    as `<name>.partial` and gets its final name only once its whole sha256 matches."""
-
-    def __init__(self, files: FileSet, dest: str, complete: frozenset[str] = frozenset()) -> None:
-        self.files = files
-        self.dest = dest
-        self.count = files.count
-        self.have: set[int] = set()
-        self.failure: BaseException | None = None
-        self.cond = threading.Condition()
-        self.fds: list[int] = []
-        self.partial: list[bool] = []
-        self.resumed = 0  # chunks of interrupted transfers kept because they still verify
-        try:
-            for position, manifest in enumerate(files.files):
-                final = os.path.join(dest, manifest.name)
-                if manifest.name in complete:
-                    self.fds.append(os.open(final, os.O_RDONLY))
-                    self.partial.append(False)
-                    self.have.update(files.chunk_indices(position))
-                    continue
-                os.makedirs(os.path.dirname(final), exist_ok=True)
-                existed = os.path.exists(final + ".partial")
-                self.fds.append(os.open(final + ".partial", os.O_RDWR | os.O_CREAT, 0o644))
-                self.partial.append(True)
-                if existed:
-                    kept = self._scan(position)
-                    self.have.update(kept)
-                    self.resumed += len(kept)
-                os.ftruncate(self.fds[-1], manifest.size)
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def complete(self) -> bool:
-        return not any(self.partial)
-
-    def _scan(self, position: int) -> set[int]:
-        """Chunks of an interrupted transfer that still match the manifest."""
-        manifest, fd = self.files.files[position], self.fds[position]
-        length = os.fstat(fd).st_size
-        good = set()
-        for local, (index, digest) in enumerate(
-            zip(self.files.chunk_indices(position), manifest.chunks, strict=True)
-        ):
-            start, size = manifest.chunk_range(local)
-            if start + size > length:
-                break
-            if hashlib.sha256(os.pread(fd, size, start)).hexdigest() == digest:
-                good.add(index)
-        return good
-
-    def missing(self, route: Route) -> list[int]:
-        with self.cond:
-            return [i for i in route.indices(self.count) if i not in self.have]
-
-    def put(self, index: int, data: bytes) -> bool:
-        """Write a chunk only if it matches the manifest; False means ask for it again."""
-        position, local = self.files.locate(index)
-        manifest = self.files.files[position]
-        start, size = manifest.chunk_range(local)
-        if len(data) != size or hashlib.sha256(data).hexdigest() != manifest.chunks[local]:
-            return False
-        if not self.partial[position]:
-            return True  # already held (a duplicate); nothing to write
-        os.pwrite(self.fds[position], data, start)
-        with self.cond:
-            self.have.add(index)
-            self.cond.notify_all()
-        return True
-
-    def read(self, index: int) -> bytes:
-        position, local = self.files.locate(index)
-        start, size = self.files.files[position].chunk_range(local)
-        return os.pread(self.fds[position], size, start)
-
-    def next_available(self, pending: set[int], timeout: float) -> int:
-        """The lowest pending chunk already verified here, waiting for one to arrive."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                if self.failure is not None:
-                    raise FanoutError(f"stopped: {self.failure}")
-                ready = pending & self.have
-                if ready:
-                    return min(ready)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise FanoutError(f"no new chunk for {timeout:.0f}s while relaying")
-                self.cond.wait(left)
-
-    def abort(self, error: BaseException) -> None:
-        with self.cond:
-            if self.failure is None:
-                self.failure = error
-            self.cond.notify_all()
-
-    def finalize(self) -> None:
-        """Verify every assembled file whole, then give it its final name (never before)."""
-        if len(self.have) != self.count:
-            raise FanoutError(f"{self.dest}: {self.count - len(self.have)} chunks still missing")
-        folders = set()
-        for position, manifest in enumerate(self.files.files):
-            if not self.partial[position]:
-                continue
-            partial = os.path.join(self.dest, manifest.name + ".partial")
-            os.fsync(self.fds[position])
-            actual = sha256_file(partial)
-            if actual != manifest.sha256:
-                raise FanoutError(
-                    f"{partial}: sha256 {actual} != manifest {manifest.sha256} although every chunk "
-                    "matched; the manifest is inconsistent, hash the file again on rank 0"
-                )
-            os.rename(partial, partial.removesuffix(".partial"))
-            folders.add(os.path.dirname(partial))
-        for folder in sorted(folders):
-            fsync_dir(folder)
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
-
-
-def fsync_dir(path: str) -> None:
-    """Make a rename in `path` durable."""
-    dir_fd = os.open(path or ".", os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def final_state(final_path: str, manifest: Manifest) -> str:
-    """'absent', 'verified', or 'different' (a file with that name that is not this file)."""
-    if not os.path.lexists(final_path):
-        return "absent"
-    if not os.path.isfile(final_path) or os.path.islink(final_path):
-        return "different"
-    if os.path.getsize(final_path) != manifest.size:
-        return "different"
-    return "verified" if sha256_file(final_path) == manifest.sha256 else "different"
-
-
-def bytes_needed(dest: str, files: FileSet, complete: frozenset[str] = frozenset()) -> int:
-    """Disk bytes a transfer still has to allocate (a resumed .partial already holds its size)."""
-    needed = 0
-    for manifest in files.files:
-        if manifest.name in complete:
-            continue
-        partial = os.path.join(dest, manifest.name + ".partial")
-        held = os.stat(partial).st_blocks * 512 if os.path.exists(partial) else 0
-        needed += max(0, manifest.size - held)
-    return needed
-
-
-def free_bytes(path: str) -> int:
-    stat = os.statvfs(path)
-    return stat.f_bavail * stat.f_frsize
-
-
-def check_space(
-    dest: str, files: FileSet, reserve_bytes: int, rank: int, complete: frozenset[str] = frozenset()
-) -> int:
-    """Refuse before any byte moves when the files would not fit and leave the reserve free."""
-    needed = bytes_needed(dest, files, complete)
-    free = free_bytes(dest)
-    if free - needed < reserve_bytes:
-        raise FanoutError(
-            f"rank {rank}: {dest} has {free} bytes free; the transfer needs {needed} more and "
-            f"{reserve_bytes} must stay free; free space there or lower reserve_bytes"
-        )
-    return free
 
 
 def send_msg(sock: socket.socket, header: dict, payload: bytes = b"") -> None:

@@ -266,6 +266,91 @@ def read_rdma_port(device: str, port: int, sysfs: str = SYSFS) -> RdmaPort:
     )
 
 
+# PCIe transfer rate (GT/s) -> generation, as the kernel writes current_link_speed ("32.0 GT/s PCIe").
+PCIE_GENERATIONS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+_PCIE_RATE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*GT/s")
+
+
+def _pcie_rate(text: str | None) -> float | None:
+    match = _PCIE_RATE.search(text or "")
+    return float(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """The PCIe link of an RDMA device's function: trained rate and width against what it can reach.
+
+    The reachable maximum is the lesser of the function's own (max_link_*) and its upstream port's,
+    as the kernel bounds a device's bandwidth by its link chain (pcie_print_link_status).
+    """
+
+    device: str
+    address: str | None  # PCI bus address, e.g. 0000:01:00.0; None: not a PCI function (soft RoCE)
+    speed_gt_s: float | None = None
+    width: int | None = None
+    max_speed_gt_s: float | None = None
+    max_width: int | None = None
+    firmware: str | None = None  # the NIC's fw_ver
+
+    @property
+    def at_maximum(self) -> bool:
+        return (self.speed_gt_s, self.width) == (self.max_speed_gt_s, self.max_width)
+
+
+def pcie_describe(speed_gt_s: float | None, width: int | None) -> str:
+    """Gen5 x4 (32.0 GT/s x4), as a person reads lspci."""
+    gen = PCIE_GENERATIONS.get(speed_gt_s) if speed_gt_s is not None else None
+    return f"{f'Gen{gen}' if gen else '?'} x{width if width is not None else '?'} ({speed_gt_s} GT/s)"
+
+
+def read_pcie_link(device: str, sysfs: str = SYSFS) -> PcieLink:
+    """current_link_speed/width of an RDMA device's PCI function against max_link_* (and its upstream
+    port's), from /sys/class/infiniband/<device>/device, and the NIC firmware (fw_ver)."""
+    base = os.path.join(sysfs, "class", "infiniband", _safe_name(device))
+    firmware = _read_sysfs(os.path.join(base, "fw_ver")) or None
+    function = os.path.join(base, "device")
+    if not os.path.isfile(os.path.join(function, "current_link_width")):
+        return PcieLink(device=device, address=None, firmware=firmware)
+    real = os.path.realpath(function)
+
+    def attr(where: str, name: str) -> str | None:
+        return _read_sysfs(os.path.join(where, name))
+
+    max_speed, max_width = (
+        _pcie_rate(attr(real, "max_link_speed")),
+        _int_or_none(attr(real, "max_link_width")),
+    )
+    upstream = os.path.dirname(real)
+    up_speed, up_width = (
+        _pcie_rate(attr(upstream, "max_link_speed")),
+        _int_or_none(attr(upstream, "max_link_width")),
+    )
+    if max_speed is not None and up_speed is not None:
+        max_speed = min(max_speed, up_speed)
+    if max_width is not None and up_width is not None:
+        max_width = min(max_width, up_width)
+    return PcieLink(
+        device=device,
+        address=os.path.basename(real),
+        speed_gt_s=_pcie_rate(attr(real, "current_link_speed")),
+        width=_int_or_none(attr(real, "current_link_width")),
+        max_speed_gt_s=max_speed,
+        max_width=max_width,
+        firmware=firmware,
+    )
+
+
+# The board's firmware as DMI shows it (absent on nodes without DMI, such as some arm64 boards).
+DMI_FIRMWARE = ("bios_vendor", "bios_version", "bios_date", "board_name", "product_name")
+
+
+def read_board_firmware(sysfs: str = SYSFS) -> dict[str, str]:
+    """The DMI fields of DMI_FIRMWARE this node exposes (an empty dict where it has no DMI)."""
+    base = os.path.join(sysfs, "class", "dmi", "id")
+    found = {name: _read_sysfs(os.path.join(base, name)) for name in DMI_FIRMWARE}
+    return {name: value for name, value in found.items() if value}
+
+
 @dataclass(frozen=True)
 class Gid:
     """One populated entry of an RDMA port's GID table."""

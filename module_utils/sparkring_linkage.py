@@ -270,8 +270,12 @@ class LibraryUse:
         if key not in self._hashes:
             self._hashes[key] = sha256_file(object_file(pid, obj))
         imports = self._imports_of(pid, obj, slots=False)
-        return {"path": obj.path, "inode": obj.inode, "sha256": self._hashes[key],
-                "soname": imports.soname if imports else None}  # fmt: skip
+        return {
+            "path": obj.path,
+            "inode": obj.inode,
+            "sha256": self._hashes[key],
+            "soname": imports.soname if imports else None,
+        }
 
     def inspect(self, pid: int) -> dict:
         """The family's mapped copies, and when there is more than one, the proof of which is used:
@@ -322,8 +326,14 @@ class LibraryUse:
                 target = mem.u64(obj.base + offset)
                 owner = next((o for o in objects if o.contains(target)), None)
                 state = "unbound" if owner is obj else "bound"
-                bindings.append({"object": obj.path, "symbol": symbol, "state": state,
-                                 "target": owner.path if owner and owner is not obj else None})  # fmt: skip
+                bindings.append(
+                    {
+                        "object": obj.path,
+                        "symbol": symbol,
+                        "state": state,
+                        "target": owner.path if owner and owner is not obj else None,
+                    }
+                )
         return bindings
 
 

@@ -15,8 +15,8 @@ PATH changes only by an atomic exchange with a complete, verified staging direct
 launch sees the old files or the new ones, never a mix or half a file. The record's stamps
 (inode, size, mtime, ctime) let a later run, the preflight and the launch trust a file without
 reading 382 GiB again: any write to a file, even one that puts its mtime back, moves its ctime.
-This file is shared by the model module (which writes records), the preflight module and the
-launch module (which only read them).
+This file is shared by the model module (which assesses, stages, promotes and writes records),
+the preflight module and the launch module (which only read them).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from ansible.module_utils.sparkring_fanout import manifest_digest
-from ansible.module_utils.sparkring_integrity import write_json_atomic
+from ansible.module_utils.sparkring_fanout_manifest import manifest_digest
+from ansible.module_utils.sparkring_fanout_store import fsync_dir
+from ansible.module_utils.sparkring_integrity import sha256_file, write_json_atomic
 
 RECORD_SCHEMA = 1
 STORE = ".sparkring-models"
@@ -87,6 +88,37 @@ def tree_files(top: str) -> tuple[list[str], list[str]]:
             else:
                 other.append(relative)
     return regular, other
+
+
+def symlinks(where: Layout) -> list[tuple[str, str]]:
+    """Every symlink the stage could write through, with where it points: PATH, the store, staging
+    and download themselves, and anything below PATH, staging and download (none is followed).
+
+    The stage writes, hard-links, chmods and replaces what it finds there, so a link (say
+    `weights/ -> /elsewhere`) would let it change files outside the model directory."""
+    found = []
+    for top in (where.path, where.store, where.staging, where.download):
+        if os.path.islink(top):
+            found.append((top, os.readlink(top)))
+    for top in (where.path, where.staging, where.download):
+        if os.path.isdir(top) and not os.path.islink(top):
+            found += symlinks_under(top)
+    return found
+
+
+def symlinks_under(top: str) -> list[tuple[str, str]]:
+    """Every symlink below `top`, files and folders alike (none is followed), with where it points.
+
+    The one test for both sides: the stage refuses links in a model directory and the pin refuses
+    them in the directory it pins, so a pinned tree is regular files only."""
+    found = []
+    for folder, dirs, names in os.walk(top):
+        dirs.sort()
+        for name in sorted(names + dirs):
+            full = os.path.join(folder, name)
+            if os.path.islink(full):
+                found.append((full, os.readlink(full)))
+    return found
 
 
 def layout_problems(path: str, files: list[dict]) -> list[str]:
@@ -169,6 +201,98 @@ def write_record(where: Layout, meta: dict, manifests: list[dict]) -> dict:
     os.makedirs(where.store, exist_ok=True)
     write_json_atomic(where.record, record)
     return record
+
+
+def assess(where: Layout, files: list[dict], verify: str) -> dict:
+    """What this rank holds of the pinned files: each verified at PATH (by the record's stamp when
+    `verify` is stat, else by hashing) or lacking; the entries not in the manifest; the record's state
+    (current, stale, absent); the verified files' recorded chunks."""
+    record = read_record(where)
+    recorded = {}
+    if record and record.get("manifest_sha256") == pinned_digest(files):
+        recorded = {entry["path"]: entry for entry in record["files"]}
+    verified, lacks, stamps_ok = [], [], bool(recorded)
+    for pin in sorted(files, key=lambda f: f["path"]):
+        full = os.path.join(where.path, pin["path"])
+        if not os.path.isfile(full) or os.path.islink(full) or os.path.getsize(full) != pin["size"]:
+            lacks.append(pin["path"])
+            stamps_ok = False
+            continue
+        entry = recorded.get(pin["path"], {})
+        same = entry.get("sha256") == pin["sha256"] and entry.get("stamp") == stamp(full)
+        stamps_ok = stamps_ok and same
+        if (same and verify == "stat") or sha256_file(full) == pin["sha256"]:
+            verified.append(pin["path"])
+        else:
+            lacks.append(pin["path"])
+    extras = []
+    if os.path.isdir(where.path) and not os.path.islink(where.path):
+        regular, other = tree_files(where.path)
+        extras = sorted(set(regular) - {f["path"] for f in files}) + other
+    elif os.path.lexists(where.path):
+        extras = [f"{where.path} (not a directory)"]
+    state = "current" if stamps_ok and not extras else ("stale" if record else "absent")
+    return {
+        "verified": verified,
+        "lacks": lacks,
+        "extras": extras,
+        "record": state,
+        "chunks": {name: recorded[name] for name in verified if recorded.get(name, {}).get("chunks")},
+    }
+
+
+def lacks_bytes(where: Layout, files: list[dict], lacks: list[str]) -> int:
+    """Bytes still to move for these files: a resumable partial in staging counts what it holds."""
+    sizes = {f["path"]: f["size"] for f in files}
+    needed = 0
+    for name in lacks:
+        partial = os.path.join(where.staging, name + ".partial")
+        held = os.stat(partial).st_blocks * 512 if os.path.exists(partial) else 0
+        needed += max(0, sizes[name] - held)
+    return needed
+
+
+def prepare_staging(where: Layout, files: list[dict], verified: list[str]) -> frozenset[str]:
+    """Verified files hard-linked in, stale leftovers out, damaged copies kept as resumable partials.
+
+    Returns the names complete in staging."""
+    staging = where.staging
+    os.makedirs(staging, exist_ok=True)
+    complete = set()
+    for pin in sorted(files, key=lambda f: f["path"]):
+        final = os.path.join(staging, pin["path"])
+        partial = final + ".partial"
+        current = os.path.join(where.path, pin["path"])
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        if pin["path"] in verified:
+            if os.path.lexists(final) and not os.path.samefile(final, current):
+                os.unlink(final)
+            if not os.path.lexists(final):
+                os.link(current, final)
+            complete.add(pin["path"])
+            continue
+        if os.path.lexists(final):  # renamed by an interrupted run: keep it only if it verifies
+            if os.path.isfile(final) and sha256_file(final) == pin["sha256"]:
+                complete.add(pin["path"])
+                continue
+            os.unlink(final)
+        if not os.path.exists(partial) and os.path.isfile(current) and not os.path.islink(current):
+            shutil.copyfile(current, partial)  # a damaged copy: its good chunks are kept
+    names = {f["path"] for f in files}
+    wanted = names | {name + ".partial" for name in names}
+    regular, other = tree_files(staging)
+    for name in [n for n in regular if n not in wanted] + other:
+        path = os.path.join(staging, name)
+        (remove_tree if os.path.isdir(path) and not os.path.islink(path) else os.unlink)(path)
+    return frozenset(complete)
+
+
+def promote(where: Layout) -> None:
+    """Swap the complete staging directory in for PATH, atomically, then drop the old files."""
+    make_read_only(where.staging)
+    exchange(where.staging, where.path)
+    fsync_dir(os.path.dirname(where.path))
+    remove_tree(where.staging)
 
 
 def exchange(source: str, target: str) -> None:

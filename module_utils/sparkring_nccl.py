@@ -24,7 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ansible.module_utils.sparkring_integrity import sha256_file, write_json_atomic
+try:
+    from ansible.module_utils.sparkring_integrity import (
+        package_files,
+        sha256_file,
+        tree_sha256,
+        write_json_atomic,
+    )
+except ImportError:  # loaded by path where Ansible is absent (the device lane, images/nccl/fetch_source.py)
+    from sparkring_integrity import package_files, sha256_file, tree_sha256, write_json_atomic
 
 ATTESTATION_SCHEMA = 1
 LIBRARY = "lib/libnccl.so.2"
@@ -83,11 +91,17 @@ class BuildRequest:
     cuda_home: str = "/usr/local/cuda"
     jobs: int = 0
     compilers: dict[str, str] = field(default_factory=dict)
+    # The digest of the unpacked tree (source_tree_digest): pins a source whose archive bytes
+    # depend on who packed it (GitHub's archives), where source_sha256 pins the bytes.
+    source_tree_sha256: str | None = None
 
     def inputs(self) -> dict:
+        # A release pinned by its bytes alone keeps the identity it had before tree pins existed.
+        tree = {"source_tree_sha256": self.source_tree_sha256} if self.source_tree_sha256 else {}
         return {
             "version": self.version,
             "source_sha256": self.source_sha256,
+            **tree,
             "source_dir": self.source_dir,
             "patches": [p.sha256 for p in self.patches],  # by content: where a node keeps them is no input
             "compilers": self.compilers,
@@ -131,22 +145,28 @@ def parse_patch(text: str, name: str) -> ParsedPatch:
 
 
 def check_pins(request: BuildRequest) -> None:
-    """The archive and every patch are the pinned bytes (refuse an unpinned release)."""
-    if not request.source_sha256:
+    """The archive (when pinned by its bytes) and every patch are the pinned bytes; refuse a
+    release pinned neither by its archive nor by its tree (the tree is checked as it is
+    unpacked: unpack_pinned)."""
+    if not request.source_sha256 and not request.source_tree_sha256:
         raise NcclBuildError(
             "source_sha256",
             f"NCCL {request.version} has no pinned source sha256 (images/lock.json "
-            f"nccl.releases.{request.version}.source_sha256): measure the archive on a machine that "
+            f"nccl.releases.{request.version}.source_sha256 for the archive's bytes, or "
+            "source_tree_sha256 for its unpacked tree): measure the source on a machine that "
             "can download it and pin it before building",
         )
-    if not SHA256_RE.match(request.source_sha256):
-        raise NcclBuildError("source_sha256", f"{request.source_sha256!r} is not a 64-hex sha256")
+    for name, value in (
+        ("source_sha256", request.source_sha256),
+        ("source_tree_sha256", request.source_tree_sha256),
+    ):
+        if value and not SHA256_RE.match(value):
+            raise NcclBuildError(name, f"{value!r} is not a 64-hex sha256")
     if not os.path.isfile(request.source_archive):
         raise NcclBuildError(
             "source_archive", f"{request.source_archive} does not exist: fetch the source first"
         )
-    actual = sha256_file(request.source_archive)
-    if actual != request.source_sha256:
+    if request.source_sha256 and (actual := sha256_file(request.source_archive)) != request.source_sha256:
         raise NcclBuildError(
             "source_sha256",
             f"{request.source_archive} has sha256 {actual}, the lock pins {request.source_sha256}: "
@@ -197,6 +217,26 @@ def extract_source(archive: str, source_dir: str, into: Path) -> Path:
             into, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {})
         )
     return into / source_dir
+
+
+def source_tree_digest(tree: Path) -> str:
+    """The unpacked source's digest: sorted file names and contents (sparkring_integrity.tree_sha256),
+    so it is the same however the archive was packed (compression, member order, owners, times)."""
+    return tree_sha256(tree, package_files(tree))
+
+
+def unpack_pinned(request: BuildRequest, into: Path) -> Path:
+    """extract_source, then the tree pin (source_tree_sha256) when the release has one."""
+    tree = extract_source(request.source_archive, request.source_dir, into)
+    if request.source_tree_sha256:
+        actual = source_tree_digest(tree)
+        if actual != request.source_tree_sha256:
+            raise NcclBuildError(
+                "source_tree_sha256",
+                f"{request.source_archive} unpacks to a tree with digest {actual}, the lock pins "
+                f"{request.source_tree_sha256}: this is not the pinned NCCL source; delete it and fetch again",
+            )
+    return tree
 
 
 def apply_patches(tree: Path, patches: list[PatchSpec], run: Runner) -> list[dict]:
@@ -267,7 +307,7 @@ def build(request: BuildRequest, run: Runner) -> dict:
     identity = request.identity()
     work = Path(request.work_dir) / identity[:16]
     shutil.rmtree(work, ignore_errors=True)
-    tree = extract_source(request.source_archive, request.source_dir, work / "src")
+    tree = unpack_pinned(request, work / "src")
     applied = apply_patches(tree, request.patches, run)
     jobs = request.jobs or os.cpu_count() or 1
     argv = [
@@ -299,7 +339,11 @@ def build(request: BuildRequest, run: Runner) -> dict:
         "schema": ATTESTATION_SCHEMA,
         "inputs_sha256": identity,
         "version": request.version,
-        "source": {"sha256": request.source_sha256, "dir": request.source_dir},
+        "source": {
+            "sha256": request.source_sha256,
+            "tree_sha256": request.source_tree_sha256,
+            "dir": request.source_dir,
+        },
         "patches": applied,
         "compilers": request.compilers,
         "flags": request.inputs()["flags"],

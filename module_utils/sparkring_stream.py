@@ -45,13 +45,23 @@ def stream(
     api_key: str | None = None,
     timeout_s: float = 600,
     ignore_eos: bool = True,
+    sampling: dict | None = None,
 ) -> dict:
-    """Time to first token, total time, token counts and text of one streamed completion.
+    """Time to first token, total time, token counts and text of one streamed completion; greedy
+    unless ``sampling`` sets other parameters (temperature, top_p, n: the launch's warm-up).
 
     ``started``/``first_token``/``ended`` are perf_counter readings (comparable across the
     threads of one process); ``error`` is set, and the timings are partial, when it failed."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": ignore_eos, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": ignore_eos,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **(sampling or {}),
+    }
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -70,10 +80,17 @@ def stream(
         error = f"{type(exc).__name__}: {exc}"
     end = time.perf_counter()
     usage = got["usage"]
-    return {"ttft_s": (got["first"] or end) - start, "total_s": end - start,
-            "started": start, "first_token": got["first"], "ended": end,
-            "completion_tokens": usage.get("completion_tokens", 0), "prompt_tokens": usage.get("prompt_tokens", 0),
-            "text": got["text"], "error": error}  # fmt: skip
+    return {
+        "ttft_s": (got["first"] or end) - start,
+        "total_s": end - start,
+        "started": start,
+        "first_token": got["first"],
+        "ended": end,
+        "completion_tokens": usage.get("completion_tokens", 0),
+        "prompt_tokens": usage.get("prompt_tokens", 0),
+        "text": got["text"],
+        "error": error,
+    }
 
 
 def run_rounds(requests: list[dict], concurrency: int, send: Callable[[dict], dict]) -> list[dict]:

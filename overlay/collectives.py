@@ -5,7 +5,8 @@ the upstream method they replace. Per call: a group, dtype or shape the transpor
 take goes to stock (counted as ``fallback``); in ``custom`` mode the ring's result is
 returned; in ``shadow`` mode both run, stock's result is returned, and the two are compared
 within ``EPS``-scaled bounds (mismatches counted). A transport error dumps the flight recorder and
-propagates: a half-working ring must stop the process, not silently diverge between ranks.
+propagates: a half-working ring must stop the process, not silently diverge between ranks; when
+the ring has a dead-peer verdict the process stops at once as overlay.fault does when it idles.
 
 CPU tensors go through the host communicator. CUDA tensors go through the GPU collectives
 (transport.gpu): enqueued on the current stream with no host staging, so a call made while a
@@ -70,6 +71,7 @@ def run_ring(op: str, x: torch.Tensor, call: Callable[[torch.Tensor], torch.Tens
             low, high = sorted((RECORDER.rank, peer))
             RECORDER.count(f"cable_error.{low}-{high}")  # /metrics: sparkring:transport_errors
         RECORDER.dump(f"{op} failed")
+        GROUPS.watch.stop_if_dead()  # a dead peer: the record and exit 69, as when the ring idles
         raise
     RECORDER.record(op, path, tuple(x.shape), dtype_name(x), time.perf_counter() - start)
     return out

@@ -58,8 +58,16 @@ def make_cp_lse_ag_out_rs(stock: Callable[..., Any]) -> Callable[..., Any]:
         query_start_loc: torch.Tensor | None = None,
     ) -> Any:
         def upstream() -> Any:
-            return stock(cp_attn_out, cp_attn_lse, cp_group, ctx, return_lse, is_lse_base_on_e,
-                         seq_lens, query_start_loc)  # fmt: skip
+            return stock(
+                cp_attn_out,
+                cp_attn_lse,
+                cp_group,
+                ctx,
+                return_lse,
+                is_lse_base_on_e,
+                seq_lens,
+                query_start_loc,
+            )
 
         comm = cp_group.device_communicator
         ring = None if comm is None or cp_attn_out.ndim != 3 else collectives.ring_for(comm, cp_attn_out)
@@ -73,8 +81,13 @@ def make_cp_lse_ag_out_rs(stock: Callable[..., Any]) -> Callable[..., Any]:
         out, new_lse = ring_lse_combine(
             ring, cp_group.rank_in_group, cp_group.world_size, cp_attn_out, lse, is_lse_base_on_e
         )
-        RECORDER.record("lse_combine", "ring", tuple(cp_attn_out.shape), collectives.dtype_name(cp_attn_out),
-                        time.perf_counter() - start)  # fmt: skip
+        RECORDER.record(
+            "lse_combine",
+            "ring",
+            tuple(cp_attn_out.shape),
+            collectives.dtype_name(cp_attn_out),
+            time.perf_counter() - start,
+        )
         if collectives.MODE["mode"] == "shadow":
             ref = upstream()
             ref_out = ref[0] if return_lse else ref

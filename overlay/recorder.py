@@ -40,9 +40,17 @@ class FlightRecorder:
             self.seq += 1
             self.counters[f"{op}.{path}"] += 1
             self.entries.append(
-                {"rank": self.rank, "seq": self.seq, "op": op, "path": path, "shape": list(shape),
-                 "dtype": dtype, "duration_us": round(seconds * 1e6, 1), "t": time.time()}
-            )  # fmt: skip
+                {
+                    "rank": self.rank,
+                    "seq": self.seq,
+                    "op": op,
+                    "path": path,
+                    "shape": list(shape),
+                    "dtype": dtype,
+                    "duration_us": round(seconds * 1e6, 1),
+                    "t": time.time(),
+                }
+            )
 
     def count(self, key: str, n: int = 1) -> None:
         with self._lock:

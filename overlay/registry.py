@@ -74,15 +74,18 @@ _CPU = "vllm.distributed.device_communicators.cpu_communicator"
 _CUDA = "vllm.distributed.device_communicators.cuda_communicator"
 _DCP = "vllm.v1.attention.ops.dcp"
 _SCHED = "vllm.v1.core.sched.scheduler"
+# The vLLM release every wrapper below was written against (images/lock.json vllm.version names the
+# vLLM the images install; tests/unit/overlay/test_overlay_registry.py holds the two equal).
+V0_32 = "0.32.0"
 
 PATCHES: tuple[Patch, ...] = (
-    Patch("cpu-all-reduce", "0.32.0", _CPU, "CpuCommunicator.all_reduce", "overlay.collectives.make_all_reduce", "cpu"),
-    Patch("cpu-all-gather", "0.32.0", _CPU, "CpuCommunicator.all_gather", "overlay.collectives.make_all_gather", "cpu"),
-    Patch("cuda-all-reduce", "0.32.0", _CUDA, "CudaCommunicator.all_reduce", "overlay.collectives.make_all_reduce", "cuda"),
-    Patch("cuda-all-gather", "0.32.0", _CUDA, "CudaCommunicator.all_gather", "overlay.collectives.make_all_gather", "cuda"),
-    Patch("dcp-lse-combine", "0.32.0", _DCP, "cp_lse_ag_out_rs", "overlay.dcp.make_cp_lse_ag_out_rs", "cuda"),
-    Patch("spec-adaptive-depth", "0.32.0", _SCHED, "Scheduler.__init__", "overlay.speculation.make_scheduler_init", "any"),
-    Patch("spec-acceptance-window", "0.32.0", _SCHED, "Scheduler.make_spec_decoding_stats",
+    Patch("cpu-all-reduce", V0_32, _CPU, "CpuCommunicator.all_reduce", "overlay.collectives.make_all_reduce", "cpu"),
+    Patch("cpu-all-gather", V0_32, _CPU, "CpuCommunicator.all_gather", "overlay.collectives.make_all_gather", "cpu"),
+    Patch("cuda-all-reduce", V0_32, _CUDA, "CudaCommunicator.all_reduce", "overlay.collectives.make_all_reduce", "cuda"),
+    Patch("cuda-all-gather", V0_32, _CUDA, "CudaCommunicator.all_gather", "overlay.collectives.make_all_gather", "cuda"),
+    Patch("dcp-lse-combine", V0_32, _DCP, "cp_lse_ag_out_rs", "overlay.dcp.make_cp_lse_ag_out_rs", "cuda"),
+    Patch("spec-adaptive-depth", V0_32, _SCHED, "Scheduler.__init__", "overlay.speculation.make_scheduler_init", "any"),
+    Patch("spec-acceptance-window", V0_32, _SCHED, "Scheduler.make_spec_decoding_stats",
           "overlay.speculation.make_spec_decoding_stats", "any"),
 )  # fmt: skip
 

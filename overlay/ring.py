@@ -14,17 +14,22 @@ from the environment the launch renders:
 ``SPARKRING_TRANSPORT_FABRIC`` (tcp|verbs, default tcp) and ``SPARKRING_TRANSPORT_PORT``
 (default 18600) choose the fabric and the rendezvous port; ``SPARKRING_TRANSPORT_TIMEOUT_S``
 and ``SPARKRING_TRANSPORT_SETUP_TIMEOUT_S`` bound a collective and the rendezvous. The communicator is created on
-the group's first supported collective, which every rank of the group reaches together.
+the group's first supported collective, which every rank of the group reaches together. From then on
+overlay.fault's watch stops this process on the first dead-peer verdict of any of them
+(``SPARKRING_HEARTBEAT_S`` and ``SPARKRING_DEAD_AFTER_S`` set the bound: transport.liveness).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+from overlay.fault import Watch
 from transport import Communicator
 from transport.comm import DEFAULT_TCP_PORT
 from transport.geometry import world_size_problem
@@ -69,6 +74,16 @@ class RingGroups:
         self._comms: dict[str, Communicator] = {}
         self._gpus: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self.watch = Watch(self.communicators, self._rank)
+        self._ranks: dict[str, int] = {}
+
+    def communicators(self) -> dict[str, Communicator]:
+        with self._lock:
+            return dict(self._comms)
+
+    def _rank(self) -> int | None:
+        with self._lock:
+            return next(iter(self._ranks.values()), None)
 
     def rides_ring(self, unique_name: str, world: int) -> bool:
         return unique_name.startswith(RING_GROUPS) and world_size_problem(world) is None
@@ -90,6 +105,10 @@ class RingGroups:
                         os.environ.get("SPARKRING_TRANSPORT_SETUP_TIMEOUT_S", SETUP_TIMEOUT_S)
                     ),
                 )
+                if not self._ranks:
+                    atexit.register(self.close)
+                self._ranks[unique_name] = rank
+                self.watch.start()
             return self._comms[unique_name]
 
     def gpu(self, unique_name: str, rank: int, world: int) -> Any | None:
@@ -115,6 +134,14 @@ class RingGroups:
                     comm, arena_bytes=int(os.environ.get("SPARKRING_GPU_ARENA_BYTES", 64 << 20))
                 )
             return self._gpus[unique_name]
+
+    def close(self) -> None:
+        """Close every communicator at a clean exit: its BYE tells the neighbours this is no fault."""
+        for comm in self.communicators().values():
+            try:
+                comm.close()
+            except Exception as exc:  # at exit: say it, never mask the exit itself
+                print(f"sparkring overlay: closing the ring at exit: {exc}", file=sys.stderr)
 
     def stats(self) -> dict[str, Any]:
         """Per group: the engine's per-neighbour counters, and (GPU groups) the progress thread's

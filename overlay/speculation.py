@@ -116,9 +116,13 @@ def make_spec_decoding_stats(stock: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``Scheduler.make_spec_decoding_stats``: every verified request-round feeds the controller."""
 
     def make_spec_decoding_stats(
-        self: Any, spec_decoding_stats: Any, num_draft_tokens: int, num_accepted_tokens: int,
-        num_invalid_spec_tokens: dict[str, int] | None, request_id: str,
-    ) -> Any:  # fmt: skip
+        self: Any,
+        spec_decoding_stats: Any,
+        num_draft_tokens: int,
+        num_accepted_tokens: int,
+        num_invalid_spec_tokens: dict[str, int] | None,
+        request_id: str,
+    ) -> Any:
         lookup = self.dynamic_sd_lookup
         if isinstance(lookup, AdaptiveLookup) and num_draft_tokens:
             depth = lookup.controller.depth
@@ -128,8 +132,14 @@ def make_spec_decoding_stats(stock: Callable[..., Any]) -> Callable[..., Any]:
             proposed = num_draft_tokens - (num_invalid_spec_tokens or {}).get(request_id, 0)
             lookup.controller.observe(proposed, min(num_accepted_tokens, proposed))
             RECORDER.counters["spec.switches"] = lookup.controller.switches
-        return stock(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
-                     num_invalid_spec_tokens, request_id)  # fmt: skip
+        return stock(
+            self,
+            spec_decoding_stats,
+            num_draft_tokens,
+            num_accepted_tokens,
+            num_invalid_spec_tokens,
+            request_id,
+        )
 
     make_spec_decoding_stats.__wrapped__ = stock  # type: ignore[attr-defined]
     return make_spec_decoding_stats

@@ -36,7 +36,7 @@ from sparkcache.chunks import chunk_keys
 from sparkcache.identity import CacheIdentity
 from sparkcache.metrics import SparkRingPromMetrics, SparkRingStats, Telemetry
 from sparkcache.pages import LayerLayout, Page, PageError
-from sparkcache.store import SparkCacheStore
+from sparkcache.store import SparkCacheStore, publication_cause
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -449,11 +449,14 @@ class SparkCacheConnector(KVConnectorBase_V1):
             keys, tokens, pages = item
             try:
                 result = self._store.publish(keys, tokens, pages)
-            except Exception:  # serving must outlive any publication bug
+            except Exception as exc:  # serving must outlive any publication bug
                 logger.exception("SparkCache: publication of %s failed", keys[-1][:16])
+                self._count("sparkcache_publication_failures", reason=publication_cause(exc))
                 continue
             if result.status == "published":
                 self._count("sparkcache_pages", len(pages), event="stored")
+            elif result.status == "skipped":
+                self._count("sparkcache_publication_failures", reason=result.cause)
             self._count("sparkcache_evictions", len(result.evicted))
             logger.info(
                 "SparkCache: snapshot %s (%d tokens) %s%s",

@@ -7,17 +7,19 @@ sum to the API server's Prometheus logger, which calls the connector class's
 deltas since its last report:
 
 - the overlay's collectives by op and path (ring, graph, stock, fallback), its shadow
-  comparisons and mismatches, and transport errors by cable (overlay/recorder.py's counters);
+  comparisons and mismatches, transport errors by cable (overlay/recorder.py's counters,
+  imported here: the overlay's recorder and ring groups of this process; a peer death stops the
+  worker at once, so the recovery agent counts those, per cable);
 - the transport's bytes per directed cable (the engine's own per-neighbour counters);
-- SparkCache's pages stored, restored, verified and quarantined, snapshots evicted, and the
-  bytes and seconds of restores (rank 0's logger turns the last interval into bytes/s).
+- SparkCache's pages stored, restored, verified and quarantined, snapshots evicted, publications
+  that failed (by reason), and the bytes and seconds of restores (rank 0's logger turns the last
+  interval into bytes/s).
 
 Keys are `family|label=value|...`; the values are deltas, so aggregation is a sum.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import Counter
 from typing import Any
@@ -29,6 +31,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetricT,
 )
 
+from overlay.recorder import RECORDER
+from overlay.ring import GROUPS
+
 PREFIX = "sparkring:"
 # family -> (kind, extra label names, help). Counters gain `_total` on /metrics.
 FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -37,18 +42,30 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "shadow_mismatches": ("counter", ("rank", "op"), "Shadow-mode collectives that differed from stock"),
     "transport_bytes": ("counter", ("link",), "Transport payload bytes sent over a cable, one direction"),
     "transport_errors": ("counter", ("cable",), "Transport errors of collectives, by the cable they named"),
+    "peer_deaths": (
+        "counter",
+        ("cable",),
+        "Peers declared dead by the transport, by the cable that lost them",
+    ),
     "sparkcache_pages": (
         "counter",
         ("rank", "event"),
         "SparkCache pages stored, restored, verified, quarantined",
     ),
     "sparkcache_evictions": ("counter", ("rank",), "SparkCache snapshots evicted by the limits"),
+    "sparkcache_publication_failures": (
+        "counter",
+        ("rank", "reason"),
+        "SparkCache publications that failed (nothing was stored), by reason",
+    ),
     "sparkcache_restore_bytes": ("counter", ("rank",), "SparkCache bytes restored into the KV cache"),
     "sparkcache_restore_seconds": ("counter", ("rank",), "SparkCache seconds spent restoring"),
     "sparkcache_restore_bytes_per_second": ("gauge", ("rank",), "SparkCache restore rate, last interval"),
 }
 # Overlay recorder counters that are not collectives by path.
 _SHADOW = {"shadow_compared": "shadow_comparisons", "shadow_mismatch": "shadow_mismatches"}
+# Recorder counters `<name>.<low>-<high>` that count per cable (the overlay's transport error paths).
+_CABLE = {"cable_error": "transport_errors"}
 
 
 def series(family: str, **labels: object) -> str:
@@ -61,26 +78,23 @@ def parse(key: str) -> tuple[str, dict[str, str]]:
 
 
 def overlay_totals(rank: int) -> dict[str, float]:
-    """Cumulative overlay and transport counters of this process (none when the overlay is off)."""
-    recorder = sys.modules.get("overlay.recorder")
-    ring = sys.modules.get("overlay.ring")
+    """Cumulative overlay and transport counters of this process (none while the overlay is off:
+    its recorder then counts nothing and no group rides the ring)."""
     out: dict[str, float] = {}
-    if recorder is not None:
-        for name, count in dict(recorder.RECORDER.counters).items():
-            op, _, what = name.partition(".")
-            if op == "cable_error":
-                out[series("transport_errors", cable=what)] = count
-            elif what in _SHADOW:
-                out[series(_SHADOW[what], rank=rank, op=op)] = count
-            elif what and what != "error":
-                out[series("ring_collectives", rank=rank, op=op, path=what)] = count
-    if ring is not None:
-        for group, peers in ring.GROUPS.stats().items():
-            if group.endswith(".progress"):  # GPU progress-thread counters, not bytes on a cable
-                continue
-            for peer, counters in peers.items():
-                key = series("transport_bytes", link=f"{rank}->{peer}")
-                out[key] = out.get(key, 0) + counters.get("bytes_tx", 0)
+    for name, count in dict(RECORDER.counters).items():
+        op, _, what = name.partition(".")
+        if op in _CABLE:
+            out[series(_CABLE[op], cable=what)] = count
+        elif what in _SHADOW:
+            out[series(_SHADOW[what], rank=rank, op=op)] = count
+        elif what and what != "error":
+            out[series("ring_collectives", rank=rank, op=op, path=what)] = count
+    for group, peers in GROUPS.stats().items():
+        if group.endswith(".progress"):  # GPU progress-thread counters, not bytes on a cable
+            continue
+        for peer, counters in peers.items():
+            key = series("transport_bytes", link=f"{rank}->{peer}")
+            out[key] = out.get(key, 0) + counters.get("bytes_tx", 0)
     return out
 
 

@@ -107,8 +107,21 @@ class Snapshot:
 class PublishResult:
     status: str  # "published" | "exists" | "skipped"
     reason: str = ""
+    # Why a skip happened, as a short fixed word for /metrics (publication_cause): "" unless skipped.
+    cause: str = ""
     bytes_written: int = 0
     evicted: list[str] = field(default_factory=list)
+
+
+def publication_cause(exc: BaseException) -> str:
+    """A failed publication's cause as one short word for /metrics: disk_full, or the errno's
+    name (eperm, eacces, erofs, eio, ...), or the exception's type for anything else."""
+    code = getattr(exc, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return "disk_full"
+    if code in errno.errorcode:
+        return errno.errorcode[code].lower()
+    return type(exc).__name__.lower()
 
 
 def manifest_checksum(body: dict[str, object]) -> str:
@@ -495,16 +508,20 @@ class SparkCacheStore:
             todo = [k for k in keys if k not in self._refs]
             absent = [k for k in todo if k not in pages]
             if absent:
-                return PublishResult("skipped", f"{len(absent)} page(s) neither stored nor supplied")
+                return PublishResult(
+                    "skipped", f"{len(absent)} page(s) neither stored nor supplied", cause="pages_missing"
+                )
         blobs = [encode_page(pages[k]) for k in todo]
         sizes = [len(head) + memoryview(payload).nbytes for head, payload in blobs]
         need = sum(sizes) + 4096
         if self.limits.max_bytes is not None and need > self.limits.max_bytes:
-            return PublishResult("skipped", f"snapshot of {need} bytes exceeds max_bytes")
+            return PublishResult("skipped", f"snapshot of {need} bytes exceeds max_bytes", cause="too_large")
         evicted = self.evict(need, keep=frozenset(keys))
         free = shutil.disk_usage(self.dir).free
         if free < need + self.limits.reserve_bytes:
-            return PublishResult("skipped", f"disk full: {free} bytes free, {need} needed", evicted=evicted)
+            return PublishResult(
+                "skipped", f"disk full: {free} bytes free, {need} needed", evicted=evicted, cause="disk_full"
+            )
         segment = f"{snap_key[:32]}-{self._use_stamp():x}{SEGMENT_SUFFIX}"
         records: dict[str, PageRecord] = {}
         offset = 0
@@ -541,9 +558,10 @@ class SparkCacheStore:
         except (OSError, KeyError) as exc:
             if linked:
                 unlink_quietly(self._segment_dir() / segment)
-            reason = "disk full" if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) else "error"
+            cause = publication_cause(exc)
+            reason = "disk full" if cause == "disk_full" else "error"
             log.warning("SparkCache: publication of %s skipped (%s: %s)", snap_key[:16], reason, exc)
-            return PublishResult("skipped", f"{reason}: {exc}", evicted=evicted)
+            return PublishResult("skipped", f"{reason}: {exc}", evicted=evicted, cause=cause)
         with self._lock:
             self._pages.update(records)
             if todo:

@@ -1,4 +1,7 @@
-"""Shared fixtures for the sim lane: run project commands as a user does, and the shared ring.
+"""Every lane's session setup, and the sim lane's fixtures: project commands, the shared ring.
+
+At session start, module_utils/ and roles/*/module_utils/ join `ansible.module_utils.__path__`
+(tests/project_code.py), before any test module imports `ansible.module_utils.sparkring_*`.
 
 The simulated ring (playbooks/sim.yml) is one set of hosts for the whole session: brought up
 once when it is not up, and left up for every later test (`make sim-down` or .ci/run removes it).
@@ -9,6 +12,7 @@ runs before any other test has put state on the ranks.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,11 +21,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.project_code import expose_module_utils
+
 ROOT = Path(__file__).resolve().parents[1]
 LIFECYCLE_TESTS = "tests/sim/sim_ring/test_lifecycle.py"
 SIM_TOOLS = ("ip", "tc", "nsenter", "unshare", "sshd", "dockerd", "docker", "nc", "ssh-keygen")
 
 Runner = Callable[..., subprocess.CompletedProcess[str]]
+
+# module_utils where Ansible finds them, as this file loads: before any folder's conftest or test
+# module imports `ansible.module_utils.sparkring_*` (no Ansible, as on the device lane: nothing to do).
+if importlib.util.find_spec("ansible") is not None:
+    expose_module_utils()
 
 
 def project_env() -> dict[str, str]:

@@ -6,10 +6,11 @@ source change can never load a stale binary. Nothing is ever written into the so
 
     $SPARKRING_TRANSPORT_CACHE, else $XDG_CACHE_HOME/sparkring/transport, else
     ~/.cache/sparkring/transport  ->  <key>/libsr_engine.so (and libsr_verbs.so, libsr_progress.so,
-                                     libsr_gpu.so, layout.json)
+                                     libsr_gpu.so)
 
 Four ranks starting at once on one host serialise on a lock file; the finished object lands
-by atomic rename, so a reader never sees half a file.
+by atomic rename, so a reader never sees half a file. The ctypes mirrors of the C structs live
+here, and each library is checked against them as it loads (transport/layout.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from transport.layout import check_layout
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 CFLAGS = ["-O3", "-g", "-std=gnu11", "-fPIC", "-Wall", "-Wextra", "-Werror"]
@@ -53,9 +56,109 @@ class SrLane(ctypes.Structure):
     ]
 
 
+class SrDead(ctypes.Structure):
+    """Mirror of sr_dead in csrc/sr_wire.h: a dead-peer verdict."""
+
+    _pack_ = 1
+    _fields_ = [
+        ("dead_rank", ctypes.c_uint16),
+        ("reporter", ctypes.c_uint16),
+        ("cage", ctypes.c_uint16),
+        ("code", ctypes.c_uint16),
+        ("addr", ctypes.c_uint32),
+        ("silent_ms", ctypes.c_uint32),
+        ("at_ms", ctypes.c_uint64),
+    ]
+
+
 MAX_LANES = 4  # SR_MAX_LANES
-LANES_ARGTYPES = [ctypes.POINTER(SrLane), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                  ctypes.POINTER(SrError)]  # fmt: skip
+KEEPER_PEERS = 4  # SR_KEEPER_PEERS
+MAX_LABELS = 8  # SR_MAX_LABELS: the progress thread's per-label counters
+# The progress thread's counters after the per-label ones (sr_progress.c, ST_*; SR_STATS in all).
+PROGRESS_STAT_KEYS = ("errors", "refused", "steps", "last_seq", "plan_ns", "input_wait_ns")
+RING_SLOTS = 64  # SR_RING_SLOTS
+RING_BYTES = 128 + 2 * 64 * RING_SLOTS  # sizeof(sr_cmdring): a header line, the doorbell's, the slots
+IN_READY_OFFSET = 12  # offsetof(sr_cmdring, in_ready): the producer's pipeline word
+
+
+class StepLaneC(ctypes.Structure):
+    """Mirror of sr_step_lane (csrc/sr_progress.c)."""
+
+    _fields_ = [
+        ("to", ctypes.c_void_p),
+        ("soff", ctypes.c_uint64),
+        ("slen", ctypes.c_uint64),
+        ("frm", ctypes.c_void_p),
+        ("roff", ctypes.c_uint64),
+        ("rlen", ctypes.c_uint64),
+    ]
+
+
+class StepC(ctypes.Structure):
+    """Mirror of sr_step (csrc/sr_progress.c)."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("op", ctypes.c_int32),
+        ("nlanes", ctypes.c_int32),
+        ("need_in", ctypes.c_uint32),
+        ("out_ready", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("lane", StepLaneC * MAX_LANES),
+    ]
+
+
+class CmdC(ctypes.Structure):
+    """Mirror of sr_cmd (csrc/sr_cmdring.h)."""
+
+    _fields_ = [
+        ("seq", ctypes.c_uint64),
+        ("plan", ctypes.c_uint32),
+        ("op", ctypes.c_uint32),
+        ("dtype", ctypes.c_uint32),
+        ("pad0", ctypes.c_uint32),
+        ("count", ctypes.c_uint64),
+        ("in_off", ctypes.c_uint64),
+        ("out_off", ctypes.c_uint64),
+        ("pad1", ctypes.c_uint64 * 2),
+    ]
+
+
+LANES_ARGTYPES = [
+    ctypes.POINTER(SrLane),
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.POINTER(SrError),
+]
+
+
+class GpuCall(ctypes.Structure):
+    """Mirror of sr_gpu_call (csrc/sr_gpu.cu)."""
+
+    _fields_ = [
+        ("ring", ctypes.c_void_p),
+        ("counter", ctypes.c_void_p),
+        ("arena_dev", ctypes.c_void_p),
+        ("arena_host", ctypes.c_void_p),
+        ("src", ctypes.c_void_p),
+        ("dst", ctypes.c_void_p),
+        ("in_bytes", ctypes.c_uint64),
+        ("out_bytes", ctypes.c_uint64),
+        ("count", ctypes.c_uint64),
+        ("in_off", ctypes.c_uint64),
+        ("out_off", ctypes.c_uint64),
+        ("plan", ctypes.c_uint32),
+        ("op", ctypes.c_uint32),
+        ("dtype", ctypes.c_uint32),
+        ("fused", ctypes.c_uint32),
+        ("wait", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("timeout_ns", ctypes.c_uint64),
+        ("status", ctypes.c_void_p),
+        ("chunk", ctypes.c_uint64),
+    ]
 
 
 def cache_root() -> Path:
@@ -168,6 +271,12 @@ def node_libraries(verbs: bool, cuda_arch: str | None) -> list[NativeLib]:
 def engine() -> ctypes.CDLL:
     """The tcp progress engine with its C signatures declared."""
     lib = ctypes.CDLL(str(ENGINE.build()))
+    check_layout(
+        lib,
+        "sr_engine_layout",
+        {"sr_error": SrError, "sr_lane": SrLane, "sr_dead": SrDead},
+        {"SR_MAX_LANES": MAX_LANES, "SR_KEEPER_PEERS": KEEPER_PEERS},
+    )
     vp, sz, u32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32
     lib.sr_abi_version.restype = ctypes.c_int
     for name in ("sr_checksum", "sr_checksum_portable"):
@@ -197,6 +306,15 @@ def engine() -> ctypes.CDLL:
     lib.sr_transfer.restype = ctypes.c_int
     lib.sr_transfer_lanes.argtypes = LANES_ARGTYPES
     lib.sr_transfer_lanes.restype = ctypes.c_int
+    lib.sr_peer_describe.argtypes, lib.sr_peer_describe.restype = [vp, u32, ctypes.c_int], None
+    lib.sr_keeper_new.argtypes = [ctypes.POINTER(vp), ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.sr_keeper_new.restype = vp
+    lib.sr_keeper_start.argtypes, lib.sr_keeper_start.restype = [vp], ctypes.c_int
+    lib.sr_keeper_free.argtypes, lib.sr_keeper_free.restype = [vp], None
+    lib.sr_keeper_verdict.argtypes = [vp, ctypes.POINTER(SrDead), ctypes.POINTER(ctypes.c_int)]
+    lib.sr_keeper_verdict.restype = ctypes.c_int
+    lib.sr_keeper_silence_ms.argtypes = [vp, ctypes.POINTER(ctypes.c_int64 * KEEPER_PEERS)]
+    lib.sr_keeper_silence_ms.restype = None
     return lib
 
 
@@ -204,6 +322,19 @@ def engine() -> ctypes.CDLL:
 def progress() -> ctypes.CDLL:
     """The command ring's progress thread (sr_progress.c) with its C signatures declared."""
     lib = ctypes.CDLL(str(PROGRESS.build()))
+    check_layout(
+        lib,
+        "sr_progress_layout",
+        {"sr_step_lane": StepLaneC, "sr_step": StepC, "sr_cmd": CmdC},
+        {
+            "SR_RING_SLOTS": RING_SLOTS,
+            "SR_MAX_LANES": MAX_LANES,
+            "SR_MAX_LABELS": MAX_LABELS,
+            "SR_STATS": MAX_LABELS + len(PROGRESS_STAT_KEYS),
+            "sr_cmdring": RING_BYTES,
+            "sr_cmdring.in_ready": IN_READY_OFFSET,
+        },
+    )
     vp, u32, u64, i = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
     err = ctypes.POINTER(SrError)
     lib.sr_progress_new.argtypes = [vp, vp, u64, vp, vp, ctypes.POINTER(vp), i, i, i, u32]
@@ -253,14 +384,20 @@ def gpu_build_flags(arch: str) -> list[str]:
 def gpu() -> ctypes.CDLL:
     """The GPU producer (sr_gpu.cu), built for this node's GPU, with its C signatures declared."""
     lib = ctypes.CDLL(str(gpu_library(cuda_arch()).build()))
+    check_layout(lib, "sr_gpu_layout", {"sr_gpu_call": GpuCall})
     vp, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     lib.sr_gpu_host_alloc.argtypes = [i, sz, ctypes.POINTER(vp), ctypes.POINTER(vp)]
     lib.sr_gpu_host_free.argtypes = [vp]
     lib.sr_gpu_counter_new.argtypes = [i, ctypes.POINTER(vp)]
     lib.sr_gpu_counter_free.argtypes = [vp]
     lib.sr_gpu_collective.argtypes = [i, vp, vp]
-    for name in ("sr_gpu_host_alloc", "sr_gpu_host_free", "sr_gpu_counter_new", "sr_gpu_counter_free",
-                 "sr_gpu_collective"):  # fmt: skip
+    for name in (
+        "sr_gpu_host_alloc",
+        "sr_gpu_host_free",
+        "sr_gpu_counter_new",
+        "sr_gpu_counter_free",
+        "sr_gpu_collective",
+    ):
         getattr(lib, name).restype = i
     lib.sr_gpu_error_string.argtypes, lib.sr_gpu_error_string.restype = [i], ctypes.c_char_p
     return lib

@@ -5,6 +5,10 @@ single call into the engine that sends to one neighbour while it receives from o
 deadline bounds the whole collective; the first failure closes every link (so the
 neighbours fail fast instead of waiting out their bound) and raises an error naming the
 peer and the collective. A failed communicator stays failed.
+
+Between and during collectives a keeper thread watches every link (transport.liveness): a
+neighbour that dies is noticed within the dead-peer bound even on an idle ring, and the
+verdict, passed around the ring, names the rank that failed on every rank.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from transport import schedule
 from transport._native import SrError, SrLane
 from transport.buffers import HostBuffer, as_host_buffer
 from transport.errors import NATIVE_ERRORS, TransportError
+from transport.liveness import Liveness, Verdict
 from transport.plan import ADD, COPY
+from transport.portable_math import exp_nonpositive, log_positive
 from transport.rendezvous import rendezvous
 from transport.topology import RingSpec
 
@@ -40,6 +46,7 @@ class Communicator:
         setup_timeout_s: float = 60.0,
         slot_bytes: int = 256 * 1024,
         window: int = 16,
+        liveness: Liveness | None = None,
     ) -> None:
         self.spec, self.rank, self.world = spec, spec.rank, spec.world
         self.timeout_s = timeout_s
@@ -58,6 +65,8 @@ class Communicator:
             raise ValueError(f"unknown fabric {fabric!r}: tcp or verbs")
         edges = rendezvous(spec, tcp_port, setup_timeout_s, lambda port, d: self.fabric.record(spec, port, d))
         self.links = self.fabric.open(spec, edges)
+        self.liveness = liveness or Liveness.from_env()
+        self.keeper = self.fabric.watch(list(self.links.values()), self.liveness)
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -69,7 +78,9 @@ class Communicator:
         """
         if self._driver is not None:
             self._driver.close()  # its progress thread must stop before the links go
-        linger = 0.0 if self._failure is not None else self.timeout_s
+        if self.keeper is not None:
+            self.keeper.close()  # so must the keeper
+        linger = 0.0 if self._failure is not None or self.verdict() is not None else self.timeout_s
         for link in self.links.values():
             self.fabric.close(link, linger)
         self.links = {}
@@ -80,11 +91,20 @@ class Communicator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def verdict(self) -> Verdict | None:
+        """The ring's dead-peer verdict (this rank's own or one a neighbour sent), once there is one."""
+        return self.keeper.verdict() if self.keeper is not None else None
+
     def stats(self) -> dict[int, dict[str, int]]:
         """Per-neighbour frame and byte counters of the engine."""
         return {peer: self.fabric.stats(link) for peer, link in self.links.items()}
 
     def _begin(self, collective: str) -> float:
+        verdict = self.verdict()
+        if self._failure is None and verdict is not None:
+            self._failure = verdict.error(f"{collective} on rank {self.rank}: ", collective)
+            self.close()
+            raise self._failure
         if self._failure is not None:
             raise TransportError(
                 f"{collective}: communicator failed earlier: {self._failure}", collective=collective
@@ -146,18 +166,25 @@ class Communicator:
             self.fail_from(collective, err)
 
     def fail_from(self, collective: str, err: SrError) -> None:
-        """Mark the communicator failed with the engine's error, close every link, raise it."""
+        """Mark the communicator failed with the engine's error, close every link, raise it.
+
+        A dead-peer verdict, when the ring has one, is the error: it names the rank that failed.
+        """
         peer = err.peer_rank if err.peer_rank >= 0 else None
         where = ""
         if peer in self.links:
             link = self.links[peer]
             where = f" [peer rank {peer} at {link.address}, cage {link.cage}]"
         cls = NATIVE_ERRORS.get(err.code, TransportError)
-        exc = cls(
-            f"{collective} on rank {self.rank}: {err.message.decode(errors='replace')}{where}",
-            peer,
-            collective,
-        )
+        verdict = self.verdict()
+        if verdict is not None:
+            exc = verdict.error(f"{collective} on rank {self.rank}: ", collective)
+        else:
+            exc = cls(
+                f"{collective} on rank {self.rank}: {err.message.decode(errors='replace')}{where}",
+                peer,
+                collective,
+            )
         self._failure = exc
         self.close()
         raise exc
@@ -271,20 +298,22 @@ class Communicator:
 
 
 def lse_combine_local(outs: np.ndarray, lses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Online-softmax combine of N partials in fp32: ``outs`` [N, ..., D], ``lses`` [N, ...].
+    """Online-softmax combine of N partials: ``outs`` [N, ..., D], ``lses`` [N, ...] -> fp32.
 
     out = sum_i w_i out_i / sum_i w_i with w_i = exp(lse_i - m), m = max_i lse_i, and
     lse = m + log sum_i w_i. A NaN or +inf LSE counts as -inf (an empty shard); where every
-    shard is empty the output is 0 and the LSE -inf.
+    shard is empty the output is 0 and the LSE -inf. Computed in float64 with
+    transport.portable_math's exp and log and rounded to fp32 once, so every CPU (an x86
+    host, a Spark's aarch64) gives the same bytes.
     """
-    lse = np.asarray(lses, dtype=np.float32)
-    lse = np.where(np.isnan(lse) | (lse == np.inf), np.float32(-np.inf), lse)
+    lse = np.asarray(lses, dtype=np.float64)
+    lse = np.where(np.isnan(lse) | (lse == np.inf), -np.inf, lse)
     m = lse.max(axis=0)
-    m_safe = np.where(np.isfinite(m), m, np.float32(0))
-    w = np.exp(lse - m_safe)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    w = exp_nonpositive(lse - m_safe)
     total = w.sum(axis=0)
-    denom = np.where(total > 0, total, np.float32(1))
-    weighted = np.where(w[..., None] > 0, w[..., None] * outs.astype(np.float32), np.float32(0))
+    denom = np.where(total > 0, total, 1.0)
+    weighted = np.where(w[..., None] > 0, w[..., None] * outs.astype(np.float64), 0.0)
     combined = weighted.sum(axis=0) / denom[..., None]
-    new_lse = np.where(total > 0, m_safe + np.log(denom), np.float32(-np.inf))
+    new_lse = np.where(total > 0, m_safe + log_positive(denom), -np.inf)
     return combined.astype(np.float32), new_lse.astype(np.float32)

@@ -21,39 +21,22 @@ from typing import Any
 import numpy as np
 
 from transport import plan as plans
-from transport._native import MAX_LANES, SrError, progress
+from transport._native import (
+    IN_READY_OFFSET,
+    MAX_LABELS,
+    PROGRESS_STAT_KEYS,
+    RING_BYTES,
+    CmdC,
+    SrError,
+    StepC,
+    progress,
+)
 from transport.buffers import as_host_buffer
 from transport.errors import PeerTimeoutError, TransportError
 
-RING_SLOTS = 64
-RING_BYTES = 128 + 2 * 64 * RING_SLOTS  # sizeof(sr_cmdring)
 RING_REGION = 16384  # the ring, then the GPU's status word, before the arena
-STATUS_OFFSET = 8448
-STAT_KEYS = ("errors", "refused", "steps", "last_seq")
-MAX_LABELS = 8
+STATUS_OFFSET = RING_BYTES + 128  # the GPU's status word: its own cache line after the ring
 ANSWER_MARGIN_S = 5.0  # a waiter's bound past the progress thread's own
-
-
-class StepLaneC(ctypes.Structure):
-    """Mirror of sr_step_lane (csrc/sr_progress.c)."""
-
-    _fields_ = [("to", ctypes.c_void_p), ("soff", ctypes.c_uint64), ("slen", ctypes.c_uint64),
-                ("frm", ctypes.c_void_p), ("roff", ctypes.c_uint64), ("rlen", ctypes.c_uint64)]  # fmt: skip
-
-
-class StepC(ctypes.Structure):
-    """Mirror of sr_step (csrc/sr_progress.c)."""
-
-    _fields_ = [("kind", ctypes.c_int32), ("op", ctypes.c_int32), ("nlanes", ctypes.c_int32),
-                ("pad", ctypes.c_int32), ("lane", StepLaneC * MAX_LANES)]  # fmt: skip
-
-
-class CmdC(ctypes.Structure):
-    """Mirror of sr_cmd (csrc/sr_cmdring.h)."""
-
-    _fields_ = [("seq", ctypes.c_uint64), ("plan", ctypes.c_uint32), ("op", ctypes.c_uint32),
-                ("dtype", ctypes.c_uint32), ("pad0", ctypes.c_uint32), ("count", ctypes.c_uint64),
-                ("in_off", ctypes.c_uint64), ("out_off", ctypes.c_uint64), ("pad1", ctypes.c_uint64 * 2)]  # fmt: skip
 
 
 @dataclass
@@ -92,10 +75,17 @@ class CommandRing:
         abort = getattr(comm.fabric, "abort_peer", None)
         self._timeout_s = comm.timeout_s
         self._handle = self.lib.sr_progress_new(
-            memory.ring, memory.arena, memory.arena_bytes, transfer,
+            memory.ring,
+            memory.arena,
+            memory.arena_bytes,
+            transfer,
             ctypes.cast(abort, ctypes.c_void_p) if abort is not None else None,
-            peers, len(handles), int(comm.timeout_s * 1000), spin_us, max_plans,
-        )  # fmt: skip
+            peers,
+            len(handles),
+            int(comm.timeout_s * 1000),
+            spin_us,
+            max_plans,
+        )
         if not self._handle:
             raise ValueError("the progress thread refused its arguments (ring, arena, peers, timeout)")
         self._plans: dict[tuple, tuple[int, plans.Plan]] = {}
@@ -119,6 +109,7 @@ class CommandRing:
         steps = (StepC * max(1, len(plan.steps)))()
         for c_step, step in zip(steps, plan.steps, strict=False):
             c_step.kind, c_step.op, c_step.nlanes = step.kind, step.op, len(step.lanes)
+            c_step.need_in, c_step.out_ready = step.need_in, step.out_ready
             for c_lane, lane in zip(c_step.lane, step.lanes, strict=False):
                 c_lane.to = self._peer(lane.to)
                 c_lane.frm = self._peer(lane.frm)
@@ -131,9 +122,17 @@ class CommandRing:
         err = SrError()
         label = plans.LABELS.index(plan.label)
         pid = self.lib.sr_progress_add_plan(
-            self._handle, plan.kind, plan.code, label, plan.count, plan.in_off, plan.out_off,
-            steps, len(plan.steps), ctypes.byref(err),
-        )  # fmt: skip
+            self._handle,
+            plan.kind,
+            plan.code,
+            label,
+            plan.count,
+            plan.in_off,
+            plan.out_off,
+            steps,
+            len(plan.steps),
+            ctypes.byref(err),
+        )
         if pid < 0:
             raise ValueError(err.message.decode(errors="replace"))
         self._plans[key] = (pid, plan)
@@ -179,11 +178,12 @@ class CommandRing:
             self.comm.fail_from(collective, err)
 
     def stats(self) -> dict[str, int]:
-        """Commands completed per label, then errors, refused commands, engine steps, last sequence."""
-        out = (ctypes.c_uint64 * (MAX_LABELS + len(STAT_KEYS)))()
+        """Commands completed per label, then errors, refused commands, engine steps, last sequence,
+        the ns spent running plans and the ns of it pipelined steps waited for input chunks."""
+        out = (ctypes.c_uint64 * (MAX_LABELS + len(PROGRESS_STAT_KEYS)))()
         self.lib.sr_progress_stats(self._handle, out)
         counts = {label: out[i] for i, label in enumerate(plans.LABELS)}
-        counts.update({key: out[MAX_LABELS + i] for i, key in enumerate(STAT_KEYS)})
+        counts.update({key: out[MAX_LABELS + i] for i, key in enumerate(PROGRESS_STAT_KEYS)})
         return counts
 
     def pause(self, paused: bool) -> None:
@@ -208,13 +208,22 @@ class CommandRing:
         pid = self.register(plan)
         arena = self.memory.arena_view()
         arena[plan.in_off : plan.in_off + plan.in_bytes] = data.reshape(-1).view(np.uint8)
+        if plan.chunk:  # the whole input is there at once: every chunk is ready
+            ctypes.c_uint32.from_address(self.memory.ring + IN_READY_OFFSET).value = -(
+                -plan.in_bytes // plan.chunk
+            )
         self.wait(self.submit(pid), plan.label)
         return arena[plan.out_off : plan.out_off + plan.out_bytes].copy()
 
-    def all_reduce(self, x: Any, algorithm: str = "auto") -> Any:
-        """Sum over all ranks through the progress thread; the host communicator's bytes."""
+    def all_reduce(self, x: Any, algorithm: str = "auto", chunk: int = 0) -> Any:
+        """Sum over all ranks through the progress thread; the host communicator's bytes.
+
+        ``chunk`` > 0 runs the pipelined plan (plan.pipelined) the GPU producer uses for large
+        messages: the same bytes, in pieces of ``chunk``."""
         buf = as_host_buffer(x)
         p = plans.all_reduce(self.rank, self.world, buf.array.size, buf.code, algorithm, self.adds_in_place)
+        if chunk:
+            p = plans.pipelined(p, chunk)
         out = self._run(p, buf.array).view(buf.array.dtype).reshape(buf.array.shape)
         return buf.wrap(out)
 

@@ -6,6 +6,7 @@ import ctypes
 from dataclasses import dataclass
 
 from transport._native import engine
+from transport.liveness import Keeper, Liveness
 from transport.rendezvous import Edge, EndpointRecord
 from transport.topology import Port, RingSpec
 
@@ -58,6 +59,10 @@ class TcpFabric:
                 port.peer_rank, port.peer_address, port.cage, ctypes.c_void_p(handle)
             )
         return links
+
+    def watch(self, links: list[Link], liveness: Liveness) -> Keeper:
+        """The keeper thread over these links: heartbeats, dead-peer verdicts (transport.liveness)."""
+        return Keeper(self.lib, links, liveness)
 
     def stats(self, link: Link) -> dict[str, int]:
         out = (ctypes.c_uint64 * 6)()

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from transport import verbs
 from transport._native import LANES_ARGTYPES
 from transport.errors import RendezvousError, TransportError
+from transport.liveness import Liveness, PollingKeeper
 from transport.rendezvous import Edge, EndpointRecord
 from transport.topology import Port, RingSpec
 
@@ -66,7 +67,7 @@ class VerbsFabric:
     adds_in_place = False  # sr_verbs.c may add a frame into bytes it has not copied out yet
 
     def __init__(self, spec: RingSpec, slot_bytes: int, window: int) -> None:
-        self.slot_bytes, self.window = slot_bytes, window
+        self.slot_bytes, self.window, self.rank = slot_bytes, window, spec.rank
         self.max_send = 2 * window + 4
         self.ib, self.lib = verbs.libs()
         self.transfer_lanes = self.lib.sr_vtransfer_lanes
@@ -126,15 +127,32 @@ class VerbsFabric:
         link = self.pending[port.cage]
         records = []
         for twin in link.twins:
-            base = dict(fabric="verbs", src_rank=spec.rank, dst_rank=port.peer_rank, world=spec.world,
-                        cage=port.cage, slot_bytes=self.slot_bytes, window=self.window, psn=twin.psn[direction],
-                        gid=twin.gid, twin=twin.twin, twins=len(link.twins))  # fmt: skip
+            base = dict(
+                fabric="verbs",
+                src_rank=spec.rank,
+                dst_rank=port.peer_rank,
+                world=spec.world,
+                cage=port.cage,
+                slot_bytes=self.slot_bytes,
+                window=self.window,
+                psn=twin.psn[direction],
+                gid=twin.gid,
+                twin=twin.twin,
+                twins=len(link.twins),
+            )
             if direction == "tx":
                 records.append(EndpointRecord(qpn=twin.tx_qpn, **base))
             else:
                 rx_size = self.window * (32 + self.slot_bytes)
-                records.append(EndpointRecord(qpn=twin.rx_qpn, rkey=twin.mr.contents.rkey,
-                                              addr=twin.mr.contents.addr, size=rx_size, **base))  # fmt: skip
+                records.append(
+                    EndpointRecord(
+                        qpn=twin.rx_qpn,
+                        rkey=twin.mr.contents.rkey,
+                        addr=twin.mr.contents.addr,
+                        size=rx_size,
+                        **base,
+                    )
+                )
         return records
 
     def open(self, spec: RingSpec, edges: list[Edge]) -> dict[int, VerbsLink]:
@@ -173,19 +191,40 @@ class VerbsFabric:
         peer = f"rank {port.peer_rank} at {port.peer_address} (twin {twin.twin})"
         want_size = self.window * (32 + self.slot_bytes)
         if tx_peer.size != want_size or not tx_peer.rkey or not tx_peer.qpn:
-            raise RendezvousError(f"{peer}: rx arena record size={tx_peer.size} rkey={tx_peer.rkey}, "
-                                  f"expected size {want_size} and a registered region", port.peer_rank)  # fmt: skip
+            raise RendezvousError(
+                f"{peer}: rx arena record size={tx_peer.size} rkey={tx_peer.rkey}, "
+                f"expected size {want_size} and a registered region",
+                port.peer_rank,
+            )
         # Our tx QP talks to the peer's rx QP and the other way round; PSNs cross.
-        verbs.connect_rc_qp(twin.dev, twin.tx_qp, twin.sgid_index, tx_peer.gid, tx_peer.qpn, tx_peer.psn,
-                            twin.psn["tx"])  # fmt: skip
-        verbs.connect_rc_qp(twin.dev, twin.rx_qp, twin.sgid_index, rx_peer.gid, rx_peer.qpn, rx_peer.psn,
-                            twin.psn["rx"])  # fmt: skip
-        handle = self.lib.sr_vpeer_new(spec.rank, port.peer_rank, twin.tx_qp, twin.rx_qp, twin.cq, twin.channel,
-                                       twin.mr.contents.addr, twin.mr.contents.lkey, tx_peer.addr, tx_peer.rkey,
-                                       self.slot_bytes, self.window, self.max_send)  # fmt: skip
+        verbs.connect_rc_qp(
+            twin.dev, twin.tx_qp, twin.sgid_index, tx_peer.gid, tx_peer.qpn, tx_peer.psn, twin.psn["tx"]
+        )
+        verbs.connect_rc_qp(
+            twin.dev, twin.rx_qp, twin.sgid_index, rx_peer.gid, rx_peer.qpn, rx_peer.psn, twin.psn["rx"]
+        )
+        handle = self.lib.sr_vpeer_new(
+            spec.rank,
+            port.peer_rank,
+            twin.tx_qp,
+            twin.rx_qp,
+            twin.cq,
+            twin.channel,
+            twin.mr.contents.addr,
+            twin.mr.contents.lkey,
+            tx_peer.addr,
+            tx_peer.rkey,
+            self.slot_bytes,
+            self.window,
+            self.max_send,
+        )
         if not handle:
             raise TransportError(f"{peer}: posting the initial receives failed")
         twin.handle = ctypes.c_void_p(handle)
+
+    def watch(self, links: list[VerbsLink], liveness: Liveness) -> PollingKeeper:
+        """Heartbeats and the dead-peer bound on every link (transport.liveness.PollingKeeper)."""
+        return PollingKeeper(self.lib.sr_vlink_keepalive, self.rank, links, liveness)
 
     def stats(self, link: VerbsLink) -> dict[str, int]:
         """Frame and byte counters of the link, every twin summed."""

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from transport import plan as plans
-from transport._native import gpu
+from transport._native import GpuCall, gpu
 from transport.comm import Communicator
 from transport.command_ring import RING_REGION, STATUS_OFFSET, CommandRing, RingMemory
 from transport.errors import NATIVE_ERRORS, TransportError
@@ -36,6 +36,13 @@ DEFAULT_ARENA_BYTES = 64 << 20
 # mapped arena: one graph node); above, the copy engines do them. Chosen by measurement
 # (benchmarks/gpu_transport); SPARKRING_GPU_FUSED_MAX overrides it.
 FUSED_MAX_BYTES = int(os.environ.get("SPARKRING_GPU_FUSED_MAX", 256 << 10))
+# From this many bytes an all-reduce is pipelined: its copies in and out move in chunks
+# (plan.pipeline_chunk) that overlap the wire (csrc/sr_gpu.cu, plan.pipelined). Measured on one
+# H100 (benchmarks/gpu_transport, 2026-12-06): each piece is its own engine call, whose fixed
+# cost outweighs the overlapped copies at 4 and 16 MB (1.2-1.3x slower) and breaks even or wins
+# at 64 MB (w2 graph 0.89x), so only messages above 32 MiB are pipelined.
+# SPARKRING_GPU_PIPELINE_MIN overrides it (a huge value turns pipelining off).
+PIPELINE_MIN_BYTES = int(os.environ.get("SPARKRING_GPU_PIPELINE_MIN", 32 << 20))
 KERNEL_MARGIN_NS = 5_000_000_000  # a spinning kernel's own bound past the progress thread's
 # How the stream waits for the answer (csrc/sr_gpu.cu): "spin" (one kernel posts and spins on
 # the answer under its own bound: one graph node, the lower latency and replay host time in
@@ -56,30 +63,34 @@ def mps_active() -> bool:
     return False
 
 
-class GpuCall(ctypes.Structure):
-    """Mirror of sr_gpu_call (csrc/sr_gpu.cu)."""
+def nccl_rank_env(rank: int, world: int, gpus: int) -> dict[str, str]:
+    """NCCL's environment for one rank process, set before its communicator is created.
 
-    _fields_ = [
-        ("ring", ctypes.c_void_p),
-        ("counter", ctypes.c_void_p),
-        ("arena_dev", ctypes.c_void_p),
-        ("arena_host", ctypes.c_void_p),
-        ("src", ctypes.c_void_p),
-        ("dst", ctypes.c_void_p),
-        ("in_bytes", ctypes.c_uint64),
-        ("out_bytes", ctypes.c_uint64),
-        ("count", ctypes.c_uint64),
-        ("in_off", ctypes.c_uint64),
-        ("out_off", ctypes.c_uint64),
-        ("plan", ctypes.c_uint32),
-        ("op", ctypes.c_uint32),
-        ("dtype", ctypes.c_uint32),
-        ("fused", ctypes.c_uint32),
-        ("wait", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
-        ("timeout_ns", ctypes.c_uint64),
-        ("status", ctypes.c_void_p),
-    ]
+    With a GPU per rank: stock placement (NVLink multicast off). With fewer GPUs, ranks share
+    them (as the ring's do, under MPS), which NCCL refuses: its duplicate-GPU check compares
+    host hashes, so each rank gets its own NCCL_HOSTID and becomes its own "host", and NCCL
+    connects the ranks through its socket transport on loopback, the host path the ring is
+    compared with (benchmarks/gpu_transport, tests/device)."""
+    env = {"NCCL_NVLS_ENABLE": "0"}
+    if gpus < world:
+        env.update(
+            NCCL_HOSTID=f"sparkring-rank-{rank}",
+            NCCL_NET="Socket",
+            NCCL_SOCKET_IFNAME="lo",
+            NCCL_P2P_DISABLE="1",
+            NCCL_SHM_DISABLE="1",
+        )
+    return env
+
+
+def nccl_placement(world: int, gpus: int) -> str:
+    """How nccl_rank_env places NCCL's ranks, in words (recorded beside every NCCL figure)."""
+    if gpus >= world:
+        return f"one GPU per rank ({world} ranks, {gpus} GPUs)"
+    return (
+        f"{world} ranks on {gpus} GPU(s), rank r on GPU r % {gpus}, a distinct NCCL_HOSTID per rank: "
+        "NCCL's socket transport on lo (NCCL_NET=Socket, P2P and SHM off)"
+    )
 
 
 class _MappedRegion:
@@ -111,6 +122,7 @@ class GpuCollectives:
         spin_us: int = 2000,
         fused_max_bytes: int = FUSED_MAX_BYTES,
         wait: str = WAIT_MODE,
+        pipeline_min_bytes: int = PIPELINE_MIN_BYTES,
     ) -> None:
         if wait not in WAIT_MODES:
             raise ValueError(f"wait mode {wait!r}: one of {sorted(WAIT_MODES)} (SPARKRING_GPU_WAIT)")
@@ -118,11 +130,16 @@ class GpuCollectives:
         self.device = torch.cuda.current_device() if device is None else device
         self.rank, self.world = comm.rank, comm.world
         self.fused_max_bytes, self.wait = fused_max_bytes, wait
+        self.pipeline_min_bytes = pipeline_min_bytes
         self._region = _MappedRegion(self.lib, self.device, RING_REGION + arena_bytes)
         memory = RingMemory(
-            self._region.host, self._region.host + RING_REGION, arena_bytes,
-            self._region.dev, self._region.dev + RING_REGION, keep=self._region,
-        )  # fmt: skip
+            self._region.host,
+            self._region.host + RING_REGION,
+            arena_bytes,
+            self._region.dev,
+            self._region.dev + RING_REGION,
+            keep=self._region,
+        )
         counter = ctypes.c_void_p()
         rc = self.lib.sr_gpu_counter_new(self.device, ctypes.byref(counter))
         if rc:
@@ -176,10 +193,27 @@ class GpuCollectives:
         mem = self.ring.memory
         fused = max(p.in_bytes, p.out_bytes) <= self.fused_max_bytes
         call = GpuCall(
-            mem.ring_dev, self._counter, mem.arena_dev, mem.arena, x.data_ptr(), out.data_ptr(),
-            p.in_bytes, p.out_bytes, p.count, p.in_off, p.out_off, pid, p.kind, p.code, int(fused),
-            WAIT_MODES[self.wait], 0, self._timeout_ns, self._region.dev + STATUS_OFFSET,
-        )  # fmt: skip
+            mem.ring_dev,
+            self._counter,
+            mem.arena_dev,
+            mem.arena,
+            x.data_ptr(),
+            out.data_ptr(),
+            p.in_bytes,
+            p.out_bytes,
+            p.count,
+            p.in_off,
+            p.out_off,
+            pid,
+            p.kind,
+            p.code,
+            int(fused),
+            WAIT_MODES[self.wait],
+            0,
+            self._timeout_ns,
+            self._region.dev + STATUS_OFFSET,
+            p.chunk,
+        )
         stream = torch.cuda.current_stream(self.device).cuda_stream
         rc = self.lib.sr_gpu_collective(self.device, stream, ctypes.byref(call))
         if rc:
@@ -200,12 +234,18 @@ class GpuCollectives:
         """Sum over the ring into a new tensor, on the current stream."""
         x = self._input("all_reduce", x)
         code = CODES[x.dtype]
-        pid, p = self._plan(
-            ("all_reduce", x.numel(), code, algorithm),
-            lambda: plans.all_reduce(
-                self.rank, self.world, x.numel(), code, algorithm, self.ring.adds_in_place
-            ),
+        nbytes = x.numel() * x.element_size()
+        chunk = (
+            plans.pipeline_chunk(nbytes)
+            if nbytes >= max(self.pipeline_min_bytes, self.fused_max_bytes + 1)
+            else 0
         )
+
+        def build() -> plans.Plan:
+            p = plans.all_reduce(self.rank, self.world, x.numel(), code, algorithm, self.ring.adds_in_place)
+            return plans.pipelined(p, chunk) if chunk else p
+
+        pid, p = self._plan(("all_reduce", x.numel(), code, algorithm, chunk), build)
         out = torch.empty_like(x)
         self._enqueue("all_reduce", x, out, pid, p)
         return out

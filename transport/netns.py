@@ -52,8 +52,24 @@ class NetnsRing:
             for cable in range(1 if self.world == 2 else self.world):
                 a, b = cable, (cable + 1) % self.world
                 dev = f"ring{cable % 2}"
-                _ip("link", "add", dev, "netns", self.ns(a), "mtu", "9000", "type", "veth", "peer", "name", dev,
-                    "netns", self.ns(b), "mtu", "9000")  # fmt: skip
+                _ip(
+                    "link",
+                    "add",
+                    dev,
+                    "netns",
+                    self.ns(a),
+                    "mtu",
+                    "9000",
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    dev,
+                    "netns",
+                    self.ns(b),
+                    "mtu",
+                    "9000",
+                )
             for r in range(self.world):
                 for port in cable_geometry(r, self.world, self.prefix).ports:
                     _ip("-n", self.ns(r), "addr", "add", f"{port.address}/24", "dev", f"ring{port.cage}")
@@ -91,16 +107,36 @@ class NetnsRing:
             for port in cable_geometry(r, self.world, self.prefix).ports:
                 _ip("-n", self.ns(r), "link", "set", f"ring{port.cage}", "up")
                 subprocess.run(
-                    self.exec_argv(r, ["tc", "qdisc", "replace", "dev", f"ring{port.cage}", "root", "tbf", "rate", rate,
-                                       "burst", "256kb", "latency", "5ms"]),
-                    check=True, capture_output=True,
-                )  # fmt: skip
+                    self.exec_argv(
+                        r,
+                        [
+                            "tc",
+                            "qdisc",
+                            "replace",
+                            "dev",
+                            f"ring{port.cage}",
+                            "root",
+                            "tbf",
+                            "rate",
+                            rate,
+                            "burst",
+                            "256kb",
+                            "latency",
+                            "5ms",
+                        ],
+                    ),
+                    check=True,
+                    capture_output=True,
+                )
 
     def unshape(self) -> None:
         for r in range(self.world):
             for port in cable_geometry(r, self.world, self.prefix).ports:
-                subprocess.run(self.exec_argv(r, ["tc", "qdisc", "del", "dev", f"ring{port.cage}", "root"]),
-                               check=True, capture_output=True)  # fmt: skip
+                subprocess.run(
+                    self.exec_argv(r, ["tc", "qdisc", "del", "dev", f"ring{port.cage}", "root"]),
+                    check=True,
+                    capture_output=True,
+                )
 
     def destroy(self) -> None:
         """Delete the namespaces (their veths go with them); only ours, by exact name."""

@@ -13,7 +13,7 @@ fabric adds in place (it adds a frame only once that frame has left: the tcp eng
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from transport import schedule
 
@@ -46,11 +46,15 @@ class Lane:
 @dataclass(frozen=True)
 class Step:
     """One engine call (``kind`` STEP_LANES, ``op`` COPY or ADD) or an arena copy (STEP_COPY:
-    lanes[0].slen bytes from soff to roff)."""
+    lanes[0].slen bytes from soff to roff). In a pipelined plan the step first waits for the
+    input's first ``need_in`` chunks and then announces the result's first ``out_ready``
+    (0: neither)."""
 
     kind: int
     op: int
     lanes: tuple[Lane, ...]
+    need_in: int = 0
+    out_ready: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Plan:
     out_bytes: int
     arena_bytes: int
     steps: tuple[Step, ...]
+    chunk: int = 0  # pipelined: the producer's copies move this many bytes at a time (0: whole)
 
 
 def all_reduce(
@@ -127,3 +132,88 @@ def all_gather(rank: int, world: int, count: int, code: int, label: str = "all_g
             )
     total = world * block
     return Plan(ALL_GATHER, label, code, count, rank * block, block, 0, total, total, tuple(steps))
+
+
+def pipeline_chunk(nbytes: int) -> int:
+    """The copy chunk for a pipelined collective of ``nbytes``: at least 1 MiB, at most 16 chunks,
+    a multiple of the engine's 256 KiB frame so the pieces cut the same frames as the whole."""
+    frame = 256 << 10
+    return max(1 << 20, -(-nbytes // 16 // frame) * frame)
+
+
+def pipelined(p: Plan, chunk: int) -> Plan:
+    """``p`` with its copies in and out overlapped with the wire, chunk by chunk.
+
+    The producer copies the input into the arena ``chunk`` bytes at a time and announces each
+    (in_ready); the result leaves the same way as soon as it is final (out_ready). So each
+    step is cut into pieces of at most ``chunk`` bytes per lane (piece j of every lane in one
+    engine call, lanes in their order: both ends of a link cut the same lengths the same way,
+    so the frames are the same ones in the same order, and every element sees the same adds
+    in the same order as in ``p``). Each piece waits for the input chunks it touches (a copy
+    received into a chunk the producer has not written yet would be overwritten) and then
+    announces the result chunks that no later piece writes.
+    """
+    if chunk <= 0:
+        raise ValueError("pipeline chunk must be positive")
+    pieces: list[Step] = []
+    for step in p.steps:
+        if step.kind == STEP_COPY:
+            pieces.append(step)
+            continue
+        n = max(-(-max(ln.slen, ln.rlen) // chunk) for ln in step.lanes)
+        for j in range(n):
+            lanes = []
+            for ln in step.lanes:
+                s0, s1 = min(j * chunk, ln.slen), min((j + 1) * chunk, ln.slen)
+                r0, r1 = min(j * chunk, ln.rlen), min((j + 1) * chunk, ln.rlen)
+                if s1 > s0 or r1 > r0:
+                    lanes.append(
+                        Lane(
+                            ln.to if s1 > s0 else None,
+                            ln.soff + s0,
+                            s1 - s0,
+                            ln.frm if r1 > r0 else None,
+                            ln.roff + r0,
+                            r1 - r0,
+                        )
+                    )
+            pieces.append(Step(step.kind, step.op, tuple(lanes)))
+
+    def chunks(lo: int, hi: int, base: int, size: int) -> range:
+        """The chunks of the region [base, base + size) that bytes [lo, hi) touch."""
+        lo, hi = max(lo, base), min(hi, base + size)
+        return range((lo - base) // chunk, -(-(hi - base) // chunk)) if hi > lo else range(0)
+
+    def touched(step: Step) -> list[tuple[int, int, bool]]:
+        """(lo, hi, written) arena ranges of a step."""
+        if step.kind == STEP_COPY:
+            ln = step.lanes[0]
+            return [(ln.soff, ln.soff + ln.slen, False), (ln.roff, ln.roff + ln.slen, True)]
+        return [
+            r
+            for ln in step.lanes
+            for r in ((ln.soff, ln.soff + ln.slen, False), (ln.roff, ln.roff + ln.rlen, True))
+        ]
+
+    n_out = -(-p.out_bytes // chunk)
+    last_write = [-1] * n_out
+    for i, step in enumerate(pieces):
+        for lo, hi, written in touched(step):
+            if written:
+                for k in chunks(lo, hi, p.out_off, p.out_bytes):
+                    last_write[k] = i
+    steps, need, ready = [], 0, 0
+    for i, step in enumerate(pieces):
+        want = max(
+            (k + 1 for lo, hi, _ in touched(step) for k in chunks(lo, hi, p.in_off, p.in_bytes)), default=0
+        )
+        need_in = want if want > need else 0
+        need = max(need, want)
+        final = ready
+        while final < n_out and last_write[final] <= i:
+            final += 1
+        steps.append(Step(step.kind, step.op, step.lanes, need_in, final if final > ready else 0))
+        ready = final
+    if ready < n_out or need < -(-p.in_bytes // chunk):
+        raise ValueError(f"{p.label}: a pipelined plan must read all its input and finish all its result")
+    return replace(p, steps=tuple(steps), chunk=chunk)

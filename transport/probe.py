@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from transport import reference, schedule
-from transport.buffers import BF16, F16, F32
+from transport.buffers import BF16, F16, F32, bf16_from_bits, result_bytes
 from transport.comm import DEFAULT_TCP_PORT, Communicator, lse_combine_local
 from transport.errors import TransportError
 from transport.topology import Port, RingSpec, cable_geometry, from_hostvars
@@ -78,8 +78,13 @@ def pingpong(comm: Communicator, peer: int, initiator: bool, size: int, iters: i
             comm.transfer("pingpong", time.monotonic() + comm.timeout_s, peer, recv, None, None)
     if not initiator:
         return None
-    return {"size_bytes": size, "iterations": iters, "mismatches": mismatches,
-            "rtt_us": _percentiles(rtts), "one_way_us": _percentiles(rtts / 2)}  # fmt: skip
+    return {
+        "size_bytes": size,
+        "iterations": iters,
+        "mismatches": mismatches,
+        "rtt_us": _percentiles(rtts),
+        "one_way_us": _percentiles(rtts / 2),
+    }
 
 
 def bandwidth(comm: Communicator, peer: int, sender: bool, size: int, iters: int) -> dict[str, Any]:
@@ -122,11 +127,16 @@ def qualify_links(
         directions = {}
         for sender in (first, not first):
             directions["tx" if sender else "rx"] = bandwidth(comm, peer, sender, bw_size, bw_iters)
-        out.append({
-            "peer_rank": peer, "cage": port.cage, "address": port.address, "peer_address": port.peer_address,
-            "pingpong": mine,
-            "bandwidth": {"size_bytes": bw_size, "iterations": bw_iters, **directions},
-        })  # fmt: skip
+        out.append(
+            {
+                "peer_rank": peer,
+                "cage": port.cage,
+                "address": port.address,
+                "peer_address": port.peer_address,
+                "pingpong": mine,
+                "bandwidth": {"size_bytes": bw_size, "iterations": bw_iters, **directions},
+            }
+        )
     return out
 
 
@@ -147,19 +157,7 @@ def _inputs(collective: str, dtype: str, size: int, world: int, variant: int) ->
 
 
 def _as_input(x: np.ndarray, dtype: str) -> Any:
-    if dtype != "bfloat16":
-        return x
-    import torch
-
-    return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
-
-
-def _as_bytes(y: Any) -> np.ndarray:
-    if isinstance(y, np.ndarray):
-        return y.view(np.uint8).reshape(-1)
-    import torch
-
-    return y.contiguous().view(torch.uint8).numpy().reshape(-1)
+    return bf16_from_bits(x) if dtype == "bfloat16" else x
 
 
 def _expected(collective: str, inputs: list[np.ndarray], code: int, lses: list[np.ndarray]) -> np.ndarray:
@@ -190,8 +188,10 @@ def burn(
     cases = []
     for v in range(min(VARIANTS, iters)):
         inputs = _inputs(collective, dtype, size, comm.world, v)
-        lses = [np.random.default_rng(v * 31 + r).standard_normal(x.shape[:-1]).astype(np.float32) * 4
-                for r, x in enumerate(inputs)]  # fmt: skip
+        lses = [
+            np.random.default_rng(v * 31 + r).standard_normal(x.shape[:-1]).astype(np.float32) * 4
+            for r, x in enumerate(inputs)
+        ]
         want = _expected(collective, inputs, code, lses).view(np.uint8).reshape(-1)
         cases.append((_as_input(inputs[comm.rank], dtype), lses[comm.rank], want))
     call = getattr(comm, collective)
@@ -201,13 +201,19 @@ def burn(
         t0 = time.perf_counter_ns()
         got = call(x, lse)[0] if collective == "lse_combine" else call(x)
         times[i] = time.perf_counter_ns() - t0
-        result = _as_bytes(got)
+        result = result_bytes(got)
         if flip and i == 0:
             result = result.copy()
             result[result.size // 2] ^= 0x01
         mismatches += int(not np.array_equal(result, want))
-    return {"collective": collective, "dtype": dtype, "size_bytes": size, "iterations": iters,
-            "mismatches": mismatches, **{k + "_us": v for k, v in _percentiles(times).items()}}  # fmt: skip
+    return {
+        "collective": collective,
+        "dtype": dtype,
+        "size_bytes": size,
+        "iterations": iters,
+        "mismatches": mismatches,
+        **{k + "_us": v for k, v in _percentiles(times).items()},
+    }
 
 
 def burn_sizes(sizes: str, iters: str) -> list[tuple[int, int]]:
@@ -328,18 +334,38 @@ def run(args: argparse.Namespace) -> int:
     """Run the probe; print the JSON; 0 only if everything passed."""
     started = datetime.datetime.now(datetime.UTC)
     t0 = time.monotonic()
-    doc: dict[str, Any] = {"schema": SCHEMA, "ok": False, "error": None, "rank": args.rank, "world": args.world,
-                           "fabric": args.fabric, "hostname": socket.gethostname(),
-                           "started_utc": started.isoformat(timespec="seconds"), "seconds": None,
-                           "settings": {"timeout_s": args.timeout, "slot_bytes": args.slot_bytes,
-                                        "window": args.window, "tcp_port": args.tcp_port},
-                           "links": [], "burns": [], "stats": {}}  # fmt: skip
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "ok": False,
+        "error": None,
+        "rank": args.rank,
+        "world": args.world,
+        "fabric": args.fabric,
+        "hostname": socket.gethostname(),
+        "started_utc": started.isoformat(timespec="seconds"),
+        "seconds": None,
+        "settings": {
+            "timeout_s": args.timeout,
+            "slot_bytes": args.slot_bytes,
+            "window": args.window,
+            "tcp_port": args.tcp_port,
+        },
+        "links": [],
+        "burns": [],
+        "stats": {},
+    }
     try:
         spec = ring_spec(args)
         doc["rank"], doc["world"] = spec.rank, spec.world
-        with Communicator(spec, fabric=args.fabric, tcp_port=args.tcp_port, timeout_s=args.timeout,
-                          setup_timeout_s=args.setup_timeout, slot_bytes=args.slot_bytes,
-                          window=args.window) as comm:  # fmt: skip
+        with Communicator(
+            spec,
+            fabric=args.fabric,
+            tcp_port=args.tcp_port,
+            timeout_s=args.timeout,
+            setup_timeout_s=args.setup_timeout,
+            slot_bytes=args.slot_bytes,
+            window=args.window,
+        ) as comm:
             if not args.skip_links:
                 doc["links"] = qualify_links(
                     comm, args.pingpong_size, args.pingpong_iters, args.bw_size, args.bw_iters

@@ -24,19 +24,26 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
 
 
+NAN_MADE = np.uint32(0xFFC00000)  # SR_NAN_MADE: the NaN of inf + -inf on every CPU (x86's)
+
+
 def add_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a + b in fp32, except that two NaNs give the larger of their quieted bit patterns.
+    """a + b in fp32, except that two NaNs give the larger of their quieted bit patterns, and a
+    NaN the add makes (inf + -inf) is NAN_MADE.
 
     Hardware returns one operand's NaN, and the two ends of an exchange add in opposite
-    orders; the engine's rule (sr_add in csrc/sr_wire.h) makes both ends agree.
+    orders; the engine's rule (sr_add in csrc/sr_wire.h) makes both ends agree, and an x86
+    host and an Arm node write the same NaN.
     """
     total = a + b
     if total.dtype != np.float32:  # e.g. strings that trace the order of the adds
         return total
-    both = np.isnan(a) & np.isnan(b)
-    if not both.any():
+    a_nan, b_nan = np.isnan(a), np.isnan(b)
+    both, made = a_nan & b_nan, np.isnan(total) & ~a_nan & ~b_nan
+    if not (both.any() or made.any()):
         return total
     quiet_a, quiet_b = (np.ascontiguousarray(x).view(np.uint32) | 0x00400000 for x in (a, b))
+    total = np.where(made, NAN_MADE.view(np.float32), total)
     return np.where(both, np.maximum(quiet_a, quiet_b).view(np.float32), total)
 
 

@@ -57,10 +57,24 @@ class EndpointRecord:
 
     def pack(self) -> bytes:
         body = _BODY.pack(
-            MAGIC, self.version, FABRICS[self.fabric], self.twin, self.twins, self.src_rank, self.dst_rank,
-            self.world, self.cage, self.qpn, self.psn, self.rkey, self.addr, self.size, self.slot_bytes,
-            self.window, self.gid,
-        )  # fmt: skip
+            MAGIC,
+            self.version,
+            FABRICS[self.fabric],
+            self.twin,
+            self.twins,
+            self.src_rank,
+            self.dst_rank,
+            self.world,
+            self.cage,
+            self.qpn,
+            self.psn,
+            self.rkey,
+            self.addr,
+            self.size,
+            self.slot_bytes,
+            self.window,
+            self.gid,
+        )
         return body + struct.pack("<I", zlib.crc32(body))
 
     @classmethod

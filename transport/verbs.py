@@ -23,32 +23,64 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from transport._native import VERBS, NativeBuildError, cache_root, compile_cached
+from transport._native import VERBS, NativeBuildError, SrError, cache_root, compile_cached
 from transport.errors import NoRdmaError, TransportError, VerbsLayoutError
 
 c_int, c_u8, c_u16, c_u32, c_u64, c_void_p = (
-    ctypes.c_int, ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p,
-)  # fmt: skip
+    ctypes.c_int,
+    ctypes.c_uint8,
+    ctypes.c_uint16,
+    ctypes.c_uint32,
+    ctypes.c_uint64,
+    ctypes.c_void_p,
+)
 
 
 class PortAttr(ctypes.Structure):
     _fields_ = [
-        ("state", c_int), ("max_mtu", c_int), ("active_mtu", c_int), ("gid_tbl_len", c_int),
-        ("port_cap_flags", c_u32), ("max_msg_sz", c_u32), ("bad_pkey_cntr", c_u32), ("qkey_viol_cntr", c_u32),
-        ("pkey_tbl_len", c_u16), ("lid", c_u16), ("sm_lid", c_u16), ("lmc", c_u8), ("max_vl_num", c_u8),
-        ("sm_sl", c_u8), ("subnet_timeout", c_u8), ("init_type_reply", c_u8), ("active_width", c_u8),
-        ("active_speed", c_u8), ("phys_state", c_u8), ("link_layer", c_u8),
-    ]  # fmt: skip
+        ("state", c_int),
+        ("max_mtu", c_int),
+        ("active_mtu", c_int),
+        ("gid_tbl_len", c_int),
+        ("port_cap_flags", c_u32),
+        ("max_msg_sz", c_u32),
+        ("bad_pkey_cntr", c_u32),
+        ("qkey_viol_cntr", c_u32),
+        ("pkey_tbl_len", c_u16),
+        ("lid", c_u16),
+        ("sm_lid", c_u16),
+        ("lmc", c_u8),
+        ("max_vl_num", c_u8),
+        ("sm_sl", c_u8),
+        ("subnet_timeout", c_u8),
+        ("init_type_reply", c_u8),
+        ("active_width", c_u8),
+        ("active_speed", c_u8),
+        ("phys_state", c_u8),
+        ("link_layer", c_u8),
+    ]
 
 
 class QpCap(ctypes.Structure):
-    _fields_ = [("max_send_wr", c_u32), ("max_recv_wr", c_u32), ("max_send_sge", c_u32), ("max_recv_sge", c_u32),
-                ("max_inline_data", c_u32)]  # fmt: skip
+    _fields_ = [
+        ("max_send_wr", c_u32),
+        ("max_recv_wr", c_u32),
+        ("max_send_sge", c_u32),
+        ("max_recv_sge", c_u32),
+        ("max_inline_data", c_u32),
+    ]
 
 
 class QpInitAttr(ctypes.Structure):
-    _fields_ = [("qp_context", c_void_p), ("send_cq", c_void_p), ("recv_cq", c_void_p), ("srq", c_void_p),
-                ("cap", QpCap), ("qp_type", c_int), ("sq_sig_all", c_int)]  # fmt: skip
+    _fields_ = [
+        ("qp_context", c_void_p),
+        ("send_cq", c_void_p),
+        ("recv_cq", c_void_p),
+        ("srq", c_void_p),
+        ("cap", QpCap),
+        ("qp_type", c_int),
+        ("sq_sig_all", c_int),
+    ]
 
 
 class Gid(ctypes.Union):
@@ -58,37 +90,83 @@ class Gid(ctypes.Union):
 
 
 class GlobalRoute(ctypes.Structure):
-    _fields_ = [("dgid", Gid), ("flow_label", c_u32), ("sgid_index", c_u8), ("hop_limit", c_u8),
-                ("traffic_class", c_u8)]  # fmt: skip
+    _fields_ = [
+        ("dgid", Gid),
+        ("flow_label", c_u32),
+        ("sgid_index", c_u8),
+        ("hop_limit", c_u8),
+        ("traffic_class", c_u8),
+    ]
 
 
 class AhAttr(ctypes.Structure):
-    _fields_ = [("grh", GlobalRoute), ("dlid", c_u16), ("sl", c_u8), ("src_path_bits", c_u8), ("static_rate", c_u8),
-                ("is_global", c_u8), ("port_num", c_u8)]  # fmt: skip
+    _fields_ = [
+        ("grh", GlobalRoute),
+        ("dlid", c_u16),
+        ("sl", c_u8),
+        ("src_path_bits", c_u8),
+        ("static_rate", c_u8),
+        ("is_global", c_u8),
+        ("port_num", c_u8),
+    ]
 
 
 class QpAttr(ctypes.Structure):
     _fields_ = [
-        ("qp_state", c_int), ("cur_qp_state", c_int), ("path_mtu", c_int), ("path_mig_state", c_int),
-        ("qkey", c_u32), ("rq_psn", c_u32), ("sq_psn", c_u32), ("dest_qp_num", c_u32), ("qp_access_flags", c_u32),
-        ("cap", QpCap), ("ah_attr", AhAttr), ("alt_ah_attr", AhAttr), ("pkey_index", c_u16),
-        ("alt_pkey_index", c_u16), ("en_sqd_async_notify", c_u8), ("sq_draining", c_u8), ("max_rd_atomic", c_u8),
-        ("max_dest_rd_atomic", c_u8), ("min_rnr_timer", c_u8), ("port_num", c_u8), ("timeout", c_u8),
-        ("retry_cnt", c_u8), ("rnr_retry", c_u8), ("alt_port_num", c_u8), ("alt_timeout", c_u8),
+        ("qp_state", c_int),
+        ("cur_qp_state", c_int),
+        ("path_mtu", c_int),
+        ("path_mig_state", c_int),
+        ("qkey", c_u32),
+        ("rq_psn", c_u32),
+        ("sq_psn", c_u32),
+        ("dest_qp_num", c_u32),
+        ("qp_access_flags", c_u32),
+        ("cap", QpCap),
+        ("ah_attr", AhAttr),
+        ("alt_ah_attr", AhAttr),
+        ("pkey_index", c_u16),
+        ("alt_pkey_index", c_u16),
+        ("en_sqd_async_notify", c_u8),
+        ("sq_draining", c_u8),
+        ("max_rd_atomic", c_u8),
+        ("max_dest_rd_atomic", c_u8),
+        ("min_rnr_timer", c_u8),
+        ("port_num", c_u8),
+        ("timeout", c_u8),
+        ("retry_cnt", c_u8),
+        ("rnr_retry", c_u8),
+        ("alt_port_num", c_u8),
+        ("alt_timeout", c_u8),
         ("rate_limit", c_u32),
-    ]  # fmt: skip
+    ]
 
 
 class Mr(ctypes.Structure):
-    _fields_ = [("context", c_void_p), ("pd", c_void_p), ("addr", c_void_p), ("length", ctypes.c_size_t),
-                ("handle", c_u32), ("lkey", c_u32), ("rkey", c_u32)]  # fmt: skip
+    _fields_ = [
+        ("context", c_void_p),
+        ("pd", c_void_p),
+        ("addr", c_void_p),
+        ("length", ctypes.c_size_t),
+        ("handle", c_u32),
+        ("lkey", c_u32),
+        ("rkey", c_u32),
+    ]
 
 
 class QpHead(ctypes.Structure):
     """The leading fields of struct ibv_qp (the rest holds a pthread mutex: never touched)."""
 
-    _fields_ = [("context", c_void_p), ("qp_context", c_void_p), ("pd", c_void_p), ("send_cq", c_void_p),
-                ("recv_cq", c_void_p), ("srq", c_void_p), ("handle", c_u32), ("qp_num", c_u32)]  # fmt: skip
+    _fields_ = [
+        ("context", c_void_p),
+        ("qp_context", c_void_p),
+        ("pd", c_void_p),
+        ("send_cq", c_void_p),
+        ("recv_cq", c_void_p),
+        ("srq", c_void_p),
+        ("handle", c_u32),
+        ("qp_num", c_u32),
+    ]
 
 
 # C name -> (ctypes struct, whether its whole size must match). PortAttr is filled by the
@@ -119,14 +197,21 @@ MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 
 def probe_source() -> str:
     """C that prints every declared struct's size and field offsets as JSON."""
-    lines = ["#include <infiniband/verbs.h>", "#include <stddef.h>", "#include <stdio.h>", "int main(void) {",
-             '    printf("{");']  # fmt: skip
+    lines = [
+        "#include <infiniband/verbs.h>",
+        "#include <stddef.h>",
+        "#include <stdio.h>",
+        "int main(void) {",
+        '    printf("{");',
+    ]
     for i, (cname, (cls, _)) in enumerate(LAYOUTS.items()):
         fields = ", ".join(f'\\"{name}\\": %zu' for name, *_ in cls._fields_)
         args = ", ".join(f"offsetof(struct {cname}, {name})" for name, *_ in cls._fields_)
         sep = ", " if i else ""
-        lines.append(f'    printf("{sep}\\"{cname}\\": {{\\"size\\": %zu, \\"fields\\": {{{fields}}}}}", '
-                     f"sizeof(struct {cname}), {args});")  # fmt: skip
+        lines.append(
+            f'    printf("{sep}\\"{cname}\\": {{\\"size\\": %zu, \\"fields\\": {{{fields}}}}}", '
+            f"sizeof(struct {cname}), {args});"
+        )
     lines += ['    printf("}\\n");', "    return 0;", "}"]
     return "\n".join(lines) + "\n"
 
@@ -212,6 +297,8 @@ def libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     eng.sr_vlink_free.restype = None
     eng.sr_vlink_stats.argtypes = [vp, ctypes.POINTER(c_u64 * 6)]
     eng.sr_vlink_stats.restype = None
+    eng.sr_vlink_keepalive.argtypes = [vp, c_int, c_int, ctypes.POINTER(SrError)]
+    eng.sr_vlink_keepalive.restype = c_int
     return ib, eng
 
 
@@ -357,8 +444,12 @@ def create_rc_qp(dev: Device, cq: int, max_send: int, max_recv: int) -> tuple[in
     qp = ib.ibv_create_qp(dev.pd, ctypes.byref(init))
     if not qp:
         raise TransportError(f"ibv_create_qp on {dev.name} failed: {_errno_text()}")
-    attr = QpAttr(qp_state=QPS_INIT, pkey_index=0, port_num=dev.port,
-                  qp_access_flags=ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE)  # fmt: skip
+    attr = QpAttr(
+        qp_state=QPS_INIT,
+        pkey_index=0,
+        port_num=dev.port,
+        qp_access_flags=ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE,
+    )
     _modify(qp, attr, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS, "INIT", dev.name)
     return qp, QpHead.from_address(qp).qp_num
 
@@ -367,8 +458,14 @@ def connect_rc_qp(
     dev: Device, qp: int, sgid_index: int, dgid: bytes, dest_qpn: int, rq_psn: int, sq_psn: int
 ) -> None:
     """INIT -> RTR -> RTS with RoCE's GRH, the port's active MTU, and bounded retries."""
-    rtr = QpAttr(qp_state=QPS_RTR, path_mtu=dev.mtu_enum, dest_qp_num=dest_qpn, rq_psn=rq_psn,
-                 max_dest_rd_atomic=1, min_rnr_timer=12)  # fmt: skip
+    rtr = QpAttr(
+        qp_state=QPS_RTR,
+        path_mtu=dev.mtu_enum,
+        dest_qp_num=dest_qpn,
+        rq_psn=rq_psn,
+        max_dest_rd_atomic=1,
+        min_rnr_timer=12,
+    )
     rtr.ah_attr.is_global = 1
     rtr.ah_attr.port_num = dev.port
     rtr.ah_attr.grh.dgid.raw[:] = list(dgid)

@@ -106,11 +106,10 @@ def shape(hostvars: dict, rate_mbit: int) -> None:
             raise RuntimeError(f"{ns} {dev} is already shaped ({qdisc(ns, dev).strip()}); not touching it")
     burst = max(64 * 1024, rate_mbit * 1_000_000 // 8 // 100)  # 10 ms of traffic
     for ns, dev in interfaces:
+        tbf = ["tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "50ms"]
         subprocess.run(
-            ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
-             f"{rate_mbit}mbit", "burst", str(burst), "latency", "50ms"],
-            check=True,
-        )  # fmt: skip
+            ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", *tbf], check=True
+        )
 
 
 def unshape(hostvars: dict) -> None:
@@ -141,11 +140,9 @@ def private_ring(prefix: str = "im-fanout-", ranks: int = 4, mtu: int = 9000):
         for i in range(ranks if ranks > 2 else 1):
             a, b = hosts[i], hosts[(i + 1) % ranks]
             dev = f"ring{i % 2}"
-            subprocess.run(
-                ["ip", "link", "add", "imtmp-a", "netns", names[a], "mtu", str(mtu), "type", "veth",
-                 "peer", "name", "imtmp-b", "netns", names[b], "mtu", str(mtu)],
-                check=True,
-            )  # fmt: skip
+            end_a = ["imtmp-a", "netns", names[a], "mtu", str(mtu)]
+            end_b = ["imtmp-b", "netns", names[b], "mtu", str(mtu)]
+            subprocess.run(["ip", "link", "add", *end_a, "type", "veth", "peer", "name", *end_b], check=True)
             for host, tmp, last in ((a, "imtmp-a", 1), (b, "imtmp-b", 2)):
                 ns = ["ip", "netns", "exec", names[host], "ip"]
                 subprocess.run([*ns, "link", "set", tmp, "name", dev], check=True)
@@ -153,9 +150,14 @@ def private_ring(prefix: str = "im-fanout-", ranks: int = 4, mtu: int = 9000):
                 subprocess.run([*ns, "link", "set", dev, "up"], check=True)
             for host, peer, last in ((a, b, 1), (b, a, 2)):
                 hostvars[host]["sparkring_ports"].append(
-                    {"interface": dev, "address": f"198.19.{i}.{last}", "peer_address": f"198.19.{i}.{3 - last}",
-                     "peer_rank": hostvars[peer]["sparkring_rank"], "peer_host": peer}
-                )  # fmt: skip
+                    {
+                        "interface": dev,
+                        "address": f"198.19.{i}.{last}",
+                        "peer_address": f"198.19.{i}.{3 - last}",
+                        "peer_rank": hostvars[peer]["sparkring_rank"],
+                        "peer_host": peer,
+                    }
+                )
         yield hostvars
     finally:
         for name in created:

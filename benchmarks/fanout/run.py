@@ -50,7 +50,7 @@ WORK = Path("/tmp/im-bench-fanout")
 def load_fanout():
     """The fan-out module_utils imported as the agent script imports it (its siblings resolve from
     module_utils/, as Ansible's would from ansible.module_utils)."""
-    return load_module_utils("sparkring_geometry", "sparkring_integrity", "sparkring_fanout")
+    return load_module_utils("sparkring_fanout")
 
 
 def fresh_dirs(case: str, hosts: list[str], source: Path) -> dict[str, Path]:

@@ -7,20 +7,30 @@ to FILE's history (gpu_transport-history.jsonl). With fewer GPUs than ranks, sta
 (nvidia-cuda-mps-control -d): without it the GPU time-slices between the rank processes and
 the latencies measure that; the results record which (gpu_sharing).
 
-Each round runs every peer once, in turn (ring, then NCCL over sockets, then NCCL over NVLink),
-each in its own fresh set of processes (NCCL reads its settings once per process), so a change
-of load lands on every side alike. Rank r runs on GPU r % count. The ring is transport.gpu over
-the tcp fabric on the loopback cable geometry (127.77.i.0/24): the command ring and the native
-progress thread, reductions on the host cores. "NCCL over sockets" is NCCL forced through the
-host (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo): the nearest
-stand-in on this box for a NIC path. NCCL needs one GPU per rank; with fewer GPUs than ranks it
-is not run and its figures and ratios are null, with the reason recorded.
+Each round runs every peer once, in turn (ring, then NCCL over sockets, then NCCL over NVLink
+where there is a GPU per rank), each in its own fresh set of processes (NCCL reads its settings
+once per process), so a change of load lands on every side alike. Rank r runs on GPU r % count.
+The ring is transport.gpu over the tcp fabric on the loopback cable geometry (127.77.i.0/24):
+the command ring and the native progress thread, reductions on the host cores. "NCCL over
+sockets" is NCCL forced through the host (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket
+NCCL_SOCKET_IFNAME=lo): the nearest stand-in on this box for a NIC path. With fewer GPUs than
+ranks each NCCL rank gets its own NCCL_HOSTID (transport.gpu.nccl_rank_env), so NCCL shares the
+GPUs as the ring's ranks do; the results say how (gpu_sharing, nccl_placement).
 
 Per size (fp16, 4 KB to 64 MB) and mode: p50/p99 of one call including its stream
 synchronisation (eager), or of one graph replay plus synchronisation (graph); the host time of
-graph.replay() alone; and a correctness run: graph replays with fresh random inputs, each
-result compared bitwise with NCCL's (with NCCL present) or with the engine's order computed by
-torch on the GPU.
+graph.replay() alone. From 1 MiB the ring also runs whole copies (``_unpipelined``) and
+pipelined copies (``_pipelined``, transport.plan.pipelined) wherever the default is the other,
+and at two ranks the reduce-scatter + all-gather schedule (``_rsag``: half the host adds of the
+default exchange, the same bytes on the wire), right beside the default calls, in the same
+processes, the order alternating by round: the before/after. For every ring call the progress
+thread's own time is recorded beside it (``engine_<mode>``: the mean time per call it spent
+running the plan, and the part of that a pipelined plan waited for the input copies), so the
+rest of the latency (copies, posting, waking) shows. Then a correctness
+run: graph replays of a captured 16 KB all-reduce with fresh random inputs, each result compared
+bitwise with the engine's order computed by torch and with NCCL's own all-reduce of the same
+inputs in the same processes (bitwise at 2 ranks; at 4 NCCL's ring order differs, so within the
+two-orders envelope).
 """
 
 from __future__ import annotations
@@ -45,10 +55,24 @@ ROOT = Path(__file__).resolve().parents[2]
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 PEERS = ("ring", "nccl_socket", "nccl_nvlink")
 NCCL_ENV = {
-    "nccl_socket": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket",
-                    "NCCL_SOCKET_IFNAME": "lo", "NCCL_NVLS_ENABLE": "0"},
+    "nccl_socket": {
+        "NCCL_P2P_DISABLE": "1",
+        "NCCL_SHM_DISABLE": "1",
+        "NCCL_NET": "Socket",
+        "NCCL_SOCKET_IFNAME": "lo",
+        "NCCL_NVLS_ENABLE": "0",
+    },
     "nccl_nvlink": {"NCCL_NVLS_ENABLE": "0"},
-}  # fmt: skip
+}
+OFF = 1 << 62  # a threshold no message reaches: the variant without that path
+PIPELINE_FROM = 1 << 20  # the _pipelined variant pipelines every size from here; _rsag runs from here too
+
+
+def nccl_env(peer: str, rank: int, world: int, gpus: int) -> dict[str, str]:
+    """The peer's NCCL settings plus this rank's placement (its own NCCL_HOSTID on a shared GPU)."""
+    from transport.gpu import nccl_rank_env
+
+    return {**NCCL_ENV[peer], **nccl_rank_env(rank, world, gpus)}
 
 
 def free_port() -> int:
@@ -63,8 +87,11 @@ def iterations(nbytes: int, base: int) -> int:
 
 def quantiles(samples: list[float]) -> dict[str, float]:
     s = sorted(samples)
-    return {"p50_us": round(s[len(s) // 2], 2), "p99_us": round(s[min(len(s) - 1, int(len(s) * 0.99))], 2),
-            "n": len(s)}  # fmt: skip
+    return {
+        "p50_us": round(s[len(s) // 2], 2),
+        "p99_us": round(s[min(len(s) - 1, int(len(s) * 0.99))], 2),
+        "n": len(s),
+    }
 
 
 def _time_eager(op, sync, n: int) -> list[float]:
@@ -107,8 +134,10 @@ def rank_main(peer: str, rank: int, world: int, cfg: dict, queue: Any) -> None:
     """One rank of one peer: every size, eager then graph; rank 0 reports."""
     try:
         import torch
+        import torch.distributed as dist
 
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        gpus = torch.cuda.device_count()
+        torch.cuda.set_device(rank % gpus)
         sync = torch.cuda.synchronize
         results: dict[str, Any] = {"sizes": {}}
         if peer == "ring":
@@ -120,15 +149,26 @@ def rank_main(peer: str, rank: int, world: int, cfg: dict, queue: Any) -> None:
                 cable_geometry(rank, world, "127.77"), tcp_port=cfg["ring_port"], timeout_s=60
             )
             gpu = GpuCollectives(comm, arena_bytes=2 * max(SIZES) + 4096)
-            default = (gpu.fused_max_bytes, gpu.wait)
-            variants = {"": default}
+            # (fused_max_bytes, wait, pipeline_min_bytes, all-reduce algorithm)
+            default = (gpu.fused_max_bytes, gpu.wait, gpu.pipeline_min_bytes, "auto")
+            variants = {
+                "": default,
+                "_unpipelined": (gpu.fused_max_bytes, gpu.wait, OFF, "auto"),
+                "_pipelined": (gpu.fused_max_bytes, gpu.wait, PIPELINE_FROM, "auto"),
+            }
+            if world == 2:
+                variants["_rsag"] = (*default[:3], "ring")
             if cfg["variant_sweep"]:
-                variants = {"": default, "_fused": (1 << 62, gpu.wait), "_copyengine": (0, gpu.wait),
-                            "_spin": (gpu.fused_max_bytes, "spin")}  # fmt: skip
-            results["fused_max_bytes"], results["wait"] = default
+                variants |= {
+                    "_fused": (OFF, gpu.wait, OFF, "auto"),
+                    "_copyengine": (0, gpu.wait, OFF, "auto"),
+                    "_spin": (gpu.fused_max_bytes, "spin", gpu.pipeline_min_bytes, "auto"),
+                }
+            if cfg["round"] % 2:  # the before/after: which of the two goes first alternates
+                variants = {k: variants.pop(k) for k in ("_unpipelined", "_pipelined")} | variants
+            results["fused_max_bytes"], results["wait"], results["pipeline_min_bytes"] = default[:3]
         else:
-            import torch.distributed as dist
-
+            os.environ.update(nccl_env(peer, rank, world, gpus))
             dist.init_process_group("nccl", rank=rank, world_size=world)
             variants = {"": None}
         for nbytes in SIZES:
@@ -137,12 +177,18 @@ def rank_main(peer: str, rank: int, world: int, cfg: dict, queue: Any) -> None:
             row: dict[str, Any] = {}
             for suffix, variant in variants.items():
                 if peer == "ring":
-                    if suffix and nbytes > (1 << 20):
+                    if suffix == "_unpipelined" and nbytes < variants[""][2]:
+                        continue  # below the default's threshold both are the same code
+                    if suffix == "_pipelined" and not PIPELINE_FROM <= nbytes < variants[""][2]:
+                        continue  # ... and from it, or below 1 MiB
+                    if suffix == "_rsag" and nbytes < PIPELINE_FROM:
                         continue
-                    gpu.fused_max_bytes, gpu.wait = variant
+                    if suffix not in ("", "_unpipelined", "_pipelined", "_rsag") and nbytes > (1 << 20):
+                        continue
+                    gpu.fused_max_bytes, gpu.wait, gpu.pipeline_min_bytes, algorithm = variant
 
-                    def op(x=x):
-                        return gpu.all_reduce(x)
+                    def op(x=x, algorithm=algorithm):
+                        return gpu.all_reduce(x, algorithm)
                 else:
 
                     def op(x=x):
@@ -150,57 +196,123 @@ def rank_main(peer: str, rank: int, world: int, cfg: dict, queue: Any) -> None:
                         return x
 
                 op()
+                before = engine_counters(gpu) if peer == "ring" else None
                 row["eager" + suffix] = quantiles(_time_eager(op, sync, n))
+                if before is not None:
+                    row["engine_eager" + suffix] = engine_time(before, engine_counters(gpu))
                 graph, _ = _capture(torch, op)
+                before = engine_counters(gpu) if peer == "ring" else None
                 total, host = _time_graph(graph, sync, n)
                 row["graph" + suffix] = quantiles(total)
                 row["graph_replay_host" + suffix] = quantiles(host)
+                if before is not None:
+                    row["engine_graph" + suffix] = engine_time(before, engine_counters(gpu))
                 del graph
             if peer == "ring":
-                gpu.fused_max_bytes, gpu.wait = variants[""]
+                gpu.fused_max_bytes, gpu.wait, gpu.pipeline_min_bytes, _ = variants[""]
+                row["pipelined"] = nbytes >= variants[""][2]
+                if nbytes >= PIPELINE_FROM:  # the pipelined bytes are the whole copies' bytes
+                    gpu.pipeline_min_bytes = PIPELINE_FROM
+                    piped = gpu.all_reduce(x)
+                    gpu.pipeline_min_bytes = OFF
+                    whole = gpu.all_reduce(x)
+                    gpu.pipeline_min_bytes = variants[""][2]
+                    row["pipelined_equals_unpipelined"] = torch.equal(
+                        piped.view(torch.int16), whole.view(torch.int16)
+                    )
+                    if "_rsag" in variants:  # a0 + a1 in either schedule: the same bytes
+                        rsag = gpu.all_reduce(x, "ring")
+                        row["rsag_equals_exchange"] = torch.equal(
+                            rsag.view(torch.int16), whole.view(torch.int16)
+                        )
             results["sizes"][str(nbytes)] = row
         if peer == "ring":
-            results["check"] = _check_replays(torch, gpu, rank, world, cfg["checks"])
+            # NCCL joins only now, so its threads are not there while the ring is timed.
+            os.environ.update(nccl_env("nccl_socket", rank, world, gpus))
+            dist.init_process_group("nccl", rank=rank, world_size=world)
+            results["check"] = _check_replays(torch, dist, gpu, rank, world, cfg["checks"])
             results["progress_stats"] = gpu.stats()
             gpu.close()
             comm.close()
-        else:
-            dist.destroy_process_group()
+        dist.destroy_process_group()
         queue.put((rank, "ok", results))
     except BaseException as exc:
         queue.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
-def _check_replays(torch, gpu, rank: int, world: int, n: int) -> dict:
-    """Replays of a captured 16 KB all-reduce with fresh inputs, each compared bitwise with the
-    engine's order (exchange, or the two matchings) computed by torch from every rank's input."""
+def engine_counters(gpu) -> tuple[int, int, int]:
+    """The progress thread's all-reduces answered, ns running plans, ns waiting for input."""
+    stats = gpu.stats()
+    return stats["all_reduce"], stats["plan_ns"], stats["input_wait_ns"]
+
+
+def engine_time(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict:
+    """Mean progress-thread time per call between two engine_counters readings."""
+    calls = after[0] - before[0]
+    return {
+        "plan_us_mean": round((after[1] - before[1]) / calls / 1000, 2) if calls else None,
+        "input_wait_us_mean": round((after[2] - before[2]) / calls / 1000, 2) if calls else None,
+        "calls": calls,
+    }
+
+
+def _check_replays(torch, dist, gpu, rank: int, world: int, n: int) -> dict:
+    """Replays of a captured 16 KB all-reduce with fresh inputs, each compared with NCCL's
+    all-reduce of the same inputs (bitwise at 2 ranks; at 4 within the envelope of two fp16
+    summation orders, as NCCL's ring adds in another order) and bitwise with the engine's order
+    (exchange, or the two matchings) computed by torch from every rank's input."""
     static = torch.zeros(8192, dtype=torch.float16, device="cuda")
     graph, out = _capture(torch, lambda: gpu.all_reduce(static))
 
     def add(a, b):
         return (a.float() + b.float()).half()
 
-    bad = 0
+    bad = bad_nccl = 0
+    worst = 0.0
+    eps = float(torch.finfo(torch.float16).eps)
     for i in range(n):
-        xs = [torch.randn(8192, generator=torch.Generator(device="cuda").manual_seed(i * 8 + r), device="cuda").half()
-              for r in range(world)]  # fmt: skip
+        xs = [
+            torch.randn(
+                8192, generator=torch.Generator(device="cuda").manual_seed(i * 8 + r), device="cuda"
+            ).half()
+            for r in range(world)
+        ]
         static.copy_(xs[rank])
         graph.replay()
+        nccl = xs[rank].clone()
+        dist.all_reduce(nccl)
         torch.cuda.synchronize()
         want = add(xs[0], xs[1]) if world == 2 else add(add(xs[0], xs[1]), add(xs[2], xs[3]))
         bad += int(not torch.equal(out.view(torch.int16), want.view(torch.int16)))
+        if world == 2:
+            bad_nccl += int(not torch.equal(out.view(torch.int16), nccl.view(torch.int16)))
+        else:
+            err = (out.float() - nccl.float()).abs().max().item()
+            bound = world * eps * 2 * nccl.float().abs().max().item()
+            worst = max(worst, err / bound)
+            bad_nccl += int(err > bound)
     gpu.check("replay check")
-    return {"replays": n, "mismatches": bad, "reference": "engine order computed by torch on the GPU"}
+    return {
+        "replays": n,
+        "mismatches": bad + bad_nccl,
+        "mismatches_vs_engine_order": bad,
+        "mismatches_vs_nccl": bad_nccl,
+        "nccl_compare": "bitwise"
+        if world == 2
+        else f"|ring - nccl| <= {world} * eps * 2 * max|sum| (worst {worst:.3f} of it)",
+        "reference": "NCCL's all-reduce of the same inputs (NCCL socket placement) and the engine order by torch",
+    }
 
 
-def run_peer(peer: str, world: int, cfg: dict, timeout_s: float) -> dict:
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **NCCL_ENV.get(peer, {})}
+def run_peer(peer: str, world: int, cfg: dict, timeout_s: float, target: Any = None) -> dict:
+    """``target`` (default rank_main) as every rank of ``peer`` in fresh processes; rank 0's report."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # NCCL's: each rank sets its own
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     cfg = {**cfg, "ring_port": free_port()}
-    procs = [ctx.Process(target=rank_main, args=(peer, r, world, cfg, queue)) for r in range(world)]
+    procs = [ctx.Process(target=target or rank_main, args=(peer, r, world, cfg, queue)) for r in range(world)]
     for p in procs:
         p.start()
     for k, v in saved.items():
@@ -235,27 +347,43 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def p50(res: dict, peer: str, nbytes: int, mode: str) -> float | None:
-    rounds = [r[peer]["sizes"][str(nbytes)][mode]["p50_us"] for r in res["rounds"] if peer in r]
+    rounds = [r[peer]["sizes"][str(nbytes)].get(mode, {}).get("p50_us") for r in res["rounds"] if peer in r]
+    rounds = [v for v in rounds if v is not None]
     return sorted(rounds)[len(rounds) // 2] if rounds else None
 
 
+def worse_ratio(res: dict, nbytes: int, suffix: str = "") -> float | None:
+    """The worse of eager and graph against NCCL-socket: a target holds for both or it does not."""
+    eager = ratio(p50(res, "ring", nbytes, "eager" + suffix), p50(res, "nccl_socket", nbytes, "eager"))
+    graph = ratio(p50(res, "ring", nbytes, "graph" + suffix), p50(res, "nccl_socket", nbytes, "graph"))
+    return max(eager, graph) if eager and graph else None
+
+
 def headline(res: dict) -> dict:
-    k16, m4 = 16 << 10, 4 << 20
-    eager4 = ratio(p50(res, "ring", m4, "eager"), p50(res, "nccl_socket", m4, "eager"))
-    graph4 = ratio(p50(res, "ring", m4, "graph"), p50(res, "nccl_socket", m4, "graph"))
+    k16 = 16 << 10
     ring_rounds = [r["ring"] for r in res["rounds"]]
     host = sorted(r["sizes"][str(k16)]["graph_replay_host"]["p50_us"] for r in ring_rounds)
     return {
-        "graph_allreduce_16k_p50_ratio_vs_nccl_socket": ratio(p50(res, "ring", k16, "graph"),
-                                                               p50(res, "nccl_socket", k16, "graph")),
-        "eager_allreduce_16k_p50_ratio_vs_nccl_socket": ratio(p50(res, "ring", k16, "eager"),
-                                                               p50(res, "nccl_socket", k16, "eager")),
-        # The worse of eager and graph: the target holds for both or it does not hold.
-        "allreduce_4m_p50_ratio_vs_nccl_socket": max(eager4, graph4) if eager4 and graph4 else None,
+        "graph_allreduce_16k_p50_ratio_vs_nccl_socket": ratio(
+            p50(res, "ring", k16, "graph"), p50(res, "nccl_socket", k16, "graph")
+        ),
+        "eager_allreduce_16k_p50_ratio_vs_nccl_socket": ratio(
+            p50(res, "ring", k16, "eager"), p50(res, "nccl_socket", k16, "eager")
+        ),
+        "allreduce_4m_p50_ratio_vs_nccl_socket": worse_ratio(res, 4 << 20),
+        "allreduce_64m_p50_ratio_vs_nccl_socket": worse_ratio(res, 64 << 20),
+        # The same two for the whole copies (the code before the pipeline), timed beside them.
+        "allreduce_4m_p50_ratio_vs_nccl_socket_unpipelined": worse_ratio(res, 4 << 20, "_unpipelined"),
+        "allreduce_64m_p50_ratio_vs_nccl_socket_unpipelined": worse_ratio(res, 64 << 20, "_unpipelined"),
+        "allreduce_4m_p50_ratio_vs_nccl_socket_pipelined": worse_ratio(res, 4 << 20, "_pipelined"),
+        # Two ranks only: the reduce-scatter + all-gather schedule instead of the exchange.
+        "allreduce_4m_p50_ratio_vs_nccl_socket_rsag": worse_ratio(res, 4 << 20, "_rsag"),
+        "allreduce_64m_p50_ratio_vs_nccl_socket_rsag": worse_ratio(res, 64 << 20, "_rsag"),
         "graph_replay_host_us_p50": host[len(host) // 2],
         "graph_replays_checked": sum(r["check"]["replays"] for r in ring_rounds),
         "graph_replay_mismatches": sum(r["check"]["mismatches"] for r in ring_rounds),
-    }  # fmt: skip
+        "graph_replay_mismatches_vs_nccl": sum(r["check"]["mismatches_vs_nccl"] for r in ring_rounds),
+    }
 
 
 def plot(res: dict, path: Path) -> None:
@@ -266,15 +394,26 @@ def plot(res: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, mode in zip(axes, ("eager", "graph"), strict=True):
-        for peer in PEERS:
-            ys = [p50(res, peer, n, mode) for n in SIZES]
+        variants = [("ring", "_unpipelined"), ("ring", "_pipelined"), ("ring", "_rsag")]
+        for peer, suffix in [(p, "") for p in PEERS] + variants:
+            ys = [p50(res, peer, n, mode + suffix) for n in SIZES]
             if any(y is not None for y in ys):
-                ax.plot([n / 1024 for n in SIZES], ys, marker="o", label=peer)
+                ax.plot(
+                    [n / 1024 for n in SIZES],
+                    ys,
+                    marker="o",
+                    label=peer + suffix,
+                    linestyle="--" if suffix else "-",
+                )
         ax.set(xscale="log", yscale="log", xlabel="all-reduce size (KiB, fp16)", title=f"{mode}: p50 latency")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     axes[0].set_ylabel("microseconds (median of rounds)")
-    fig.suptitle(f"world {res['config']['world']}, {res['machine']['gpus']}x {res['machine']['gpu']}")
+    fig.suptitle(
+        f"world {res['config']['world']}, {res['machine']['gpus']}x {res['machine']['gpu']}; "
+        f"{res['gpu_sharing']}",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -284,35 +423,57 @@ def main() -> int:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=300, help="calls per size up to 1 MB (fewer above)")
-    ap.add_argument("--checks", type=int, default=2000, help="checked graph replays per round")
-    ap.add_argument("--variant-sweep", action="store_true",
-                    help="also time the ring's fused, copy-engine and spinning-kernel variants up to 1 MB")  # fmt: skip
+    ap.add_argument("--checks", type=int, default=3334, help="checked graph replays per round")
+    ap.add_argument(
+        "--variant-sweep",
+        action="store_true",
+        help="also time the ring's fused, copy-engine and spinning-kernel variants up to 1 MB",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_transport.json")
     args = ap.parse_args()
     import torch
 
     start = RunProvenance.capture()
     gpus = torch.cuda.device_count()
-    peers = ["ring"] + ([p for p in PEERS[1:]] if gpus >= args.world else [])
+    from transport.gpu import nccl_placement
+
+    peers = ["ring", "nccl_socket"] + (["nccl_nvlink"] if gpus >= args.world else [])
     cfg = {"iters": args.iters, "checks": args.checks, "variant_sweep": args.variant_sweep}
     res: dict[str, Any] = {
-        "machine": {"gpu": torch.cuda.get_device_name(0), "gpus": gpus, "cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "torch": torch.__version__},
-        "config": {"world": args.world, "dtype": "float16", "sizes": SIZES, "rounds": args.rounds,
-                   "ring": {"fabric": "tcp", "geometry": "127.77.i.0/24 loopback", "reductions": "host cores (progress thread)"},
-                   "nccl_socket_env": NCCL_ENV["nccl_socket"], "nccl_nvlink_env": NCCL_ENV["nccl_nvlink"],
-                   "peers_run": peers},
+        "machine": {
+            "gpu": torch.cuda.get_device_name(0),
+            "gpus": gpus,
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+        },
+        "config": {
+            "world": args.world,
+            "dtype": "float16",
+            "sizes": SIZES,
+            "rounds": args.rounds,
+            "ring": {
+                "fabric": "tcp",
+                "geometry": "127.77.i.0/24 loopback",
+                "reductions": "host cores (progress thread)",
+            },
+            "nccl_socket_env": NCCL_ENV["nccl_socket"],
+            "nccl_nvlink_env": NCCL_ENV["nccl_nvlink"],
+            "peers_run": peers,
+        },
         "gpu_sharing": gpu_sharing(args.world, gpus),
-        "not_run": {} if gpus >= args.world else
-                   {p: f"NCCL needs one GPU per rank: {args.world} ranks, {gpus} GPU(s) lent" for p in PEERS[1:]},
+        "nccl_placement": nccl_placement(args.world, gpus),
+        "not_run": {}
+        if gpus >= args.world
+        else {"nccl_nvlink": f"NVLink needs a GPU per rank: {args.world} ranks, {gpus} GPU(s) lent"},
         "rounds_interleaved": True,
         "rounds": [],
-    }  # fmt: skip
+    }
     for rnd in range(args.rounds):
         row: dict[str, Any] = {"load_avg": load_average()}
         for peer in peers:
             print(f"round {rnd + 1}/{args.rounds}: {peer}", flush=True)
-            row[peer] = run_peer(peer, args.world, cfg, timeout_s=900)
+            row[peer] = run_peer(peer, args.world, {**cfg, "round": rnd}, timeout_s=900)
         res["rounds"].append(row)
     res.update(headline(res))
     res["provenance"] = start.finish()

@@ -50,7 +50,7 @@ TARGET = 1.15
 def load_fanout():
     """The fan-out module_utils imported as the agent script imports it (its siblings resolve from
     module_utils/, as Ansible's would from ansible.module_utils)."""
-    return load_module_utils("sparkring_geometry", "sparkring_integrity", "sparkring_fanout")
+    return load_module_utils("sparkring_fanout")
 
 
 def fresh_dirs(work: Path, case: str, hosts: list[str], source: Path, names: list[str]) -> dict[str, Path]:
@@ -68,8 +68,15 @@ def fresh_dirs(work: Path, case: str, hosts: list[str], source: Path, names: lis
 
 
 def config(files: list[dict], directory: Path, rank: int, world: int, links: list[dict]) -> dict:
-    return {"files": files, "dest": str(directory), "rank": rank, "world_size": world, "links": links,
-            "connect_timeout": 60, "io_timeout": 120}  # fmt: skip
+    return {
+        "files": files,
+        "dest": str(directory),
+        "rank": rank,
+        "world_size": world,
+        "links": links,
+        "connect_timeout": 60,
+        "io_timeout": 120,
+    }
 
 
 def checked(results: dict[str, dict]) -> None:
@@ -190,13 +197,21 @@ def main() -> int:
     report["history"] = {
         "file": history.name,
         "runs": [
-            {"started_utc": run["provenance"]["started_utc"], "git_commit": run["provenance"]["git_commit"],
-             "cpu_cores": run["provenance"]["cpu_cores"], "load_avg_1m": [run["provenance"]["load_avg_start"]["1m"],
-             run["provenance"]["load_avg_end"]["1m"]], "ratio_vs_single_link": run["ratio_vs_single_link"],
-             "checkpoint_bytes": run["checkpoint"]["bytes"], "link_rate_mbit": run["link_rate_mbit"]}
+            {
+                "started_utc": run["provenance"]["started_utc"],
+                "git_commit": run["provenance"]["git_commit"],
+                "cpu_cores": run["provenance"]["cpu_cores"],
+                "load_avg_1m": [
+                    run["provenance"]["load_avg_start"]["1m"],
+                    run["provenance"]["load_avg_end"]["1m"],
+                ],
+                "ratio_vs_single_link": run["ratio_vs_single_link"],
+                "checkpoint_bytes": run["checkpoint"]["bytes"],
+                "link_rate_mbit": run["link_rate_mbit"],
+            }
             for run in load_runs(history)
         ],
-    }  # fmt: skip
+    }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     try:
@@ -219,8 +234,13 @@ def plot(report: dict, path: Path) -> None:
     for bar, name in zip(bars, names, strict=True):
         runs = report["runs_s"][name]
         ax.plot([bar.get_x() + bar.get_width() / 2] * len(runs), runs, "k.", label=None)
-        ax.text(bar.get_x() + bar.get_width() / 2, report["median_s"][name], f"{report['median_s'][name]:.1f} s",
-                ha="center", va="bottom")  # fmt: skip
+        ax.text(
+            bar.get_x() + bar.get_width() / 2,
+            report["median_s"][name],
+            f"{report['median_s'][name]:.1f} s",
+            ha="center",
+            va="bottom",
+        )
     ax.set_ylabel("seconds (bar: median; dots: every run)")
     checkpoint = report["checkpoint"]
     ax.set_title(

@@ -148,8 +148,13 @@ def stream_in_controller(
     request = {"url": url, "model": model, "prompt": prompt, "max_tokens": max_tokens, "api_key": api_key}
     done = subprocess.run(
         ["ip", "netns", "exec", CONTROLLER_NS, sys.executable, "-m", "benchmarks.serving.stream_client"],
-        input=json.dumps(request), capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
-    )  # fmt: skip
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        cwd=REPO,
+    )
     if done.returncode != 0:
         raise RuntimeError(
             f"stream client in {CONTROLLER_NS} exited {done.returncode}:\n{done.stderr[-3000:]}"

@@ -102,8 +102,8 @@ def management_over_ring(hostvars: dict[str, dict]) -> Iterator[dict[str, list[d
         for host, host_routes in routes.items():
             _sysctl(host, FORWARDING, "1")
             for route in host_routes:
-                _ip("-n", netns(host), "route", "replace", f"{route['to']}/32", "via", route["via"],
-                    "dev", route["dev"], "src", route["src"], "proto", ROUTE_PROTO)  # fmt: skip
+                via = ["via", route["via"], "dev", route["dev"], "src", route["src"], "proto", ROUTE_PROTO]
+                _ip("-n", netns(host), "route", "replace", f"{route['to']}/32", *via)
         yield routes
     finally:
         restore_leftovers()

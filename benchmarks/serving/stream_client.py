@@ -35,8 +35,17 @@ def stream(
 
 def main() -> int:
     request = json.load(sys.stdin)
-    print(json.dumps(stream(request["url"], request["model"], request["prompt"], request["max_tokens"],
-                            request.get("api_key"))))  # fmt: skip
+    print(
+        json.dumps(
+            stream(
+                request["url"],
+                request["model"],
+                request["prompt"],
+                request["max_tokens"],
+                request.get("api_key"),
+            )
+        )
+    )
     return 0
 
 

@@ -4,7 +4,8 @@
     python3 images/nccl/fetch_source.py [--version 2.29.7-1] [--cache /var/cache/sparkring-nccl]
 
 Prints one JSON line: {"path", "sha256", "fetched"}. A cached archive with the pinned sha256
-is reused; nothing else is ever trusted. The cache defaults to $SPARKRING_NCCL_CACHE, else
+(or, for a release pinned by its unpacked tree, `source_tree_sha256`, one that unpacks to that
+tree) is reused; nothing else is ever trusted. The cache defaults to $SPARKRING_NCCL_CACHE, else
 /var/cache/sparkring-nccl. Standard library only (the role runs it on the
 controller, the tests import it).
 
@@ -14,8 +15,11 @@ Two kinds of `source_url` in `images/lock.json`:
   under the cache directory) built from the archive URI and keyring this machine's own apt
   sources already use; the system's sources are never changed. The Sources index must list
   the file with the pinned sha256, and apt's downloader checks the bytes against it.
-- any other https URL: downloaded directly, then checked.
-A release whose sha256 is not pinned is refused before anything is downloaded.
+- any other https URL: downloaded directly, then checked: its bytes against `source_sha256`, or,
+  where only `source_tree_sha256` is pinned (GitHub's archives of a commit, whose bytes depend on
+  how GitHub packs them), the tree it unpacks to, by the NCCL build's own unpacking and digest
+  (module_utils/sparkring_nccl.py).
+A release pinned neither way is refused before anything is downloaded.
 """
 
 from __future__ import annotations
@@ -27,10 +31,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
+
+from sparkring.module_utils import load_module_utils
 
 from transport.integrity import sha256_file
 
@@ -56,12 +64,30 @@ def release_of(lock: dict, version: str | None) -> tuple[str, dict]:
     if version not in releases:
         raise FetchError(f"images/lock.json has no nccl.releases.{version} (pinned: {sorted(releases)})")
     release = releases[version]
-    if not release.get("source_sha256"):
+    if not release.get("source_sha256") and not release.get("source_tree_sha256"):
         raise FetchError(
-            f"nccl.releases.{version}.source_sha256 is not pinned: measure the archive at "
-            f"{release.get('source_url')} on a machine that can reach it and pin it first"
+            f"nccl.releases.{version}.source_sha256 is not pinned (nor source_tree_sha256): measure the "
+            f"archive at {release.get('source_url')} on a machine that can reach it and pin it first"
         )
     return version, release
+
+
+def matches_pin(archive: Path, release: dict) -> str | None:
+    """None if `archive` is the pinned source, else what it is instead (for the refusal). A tree
+    pin is checked as the NCCL build checks it: its unpacking, its digest."""
+    if release.get("source_sha256"):
+        actual, want = sha256_file(archive), release["source_sha256"]
+        return None if actual == want else f"sha256 {actual}, the lock pins {want}"
+    nccl = load_module_utils("sparkring_nccl")
+    with tempfile.TemporaryDirectory(prefix="sparkring-nccl-fetch-") as scratch:
+        try:
+            actual = nccl.source_tree_digest(
+                nccl.extract_source(str(archive), release["source_dir"], Path(scratch))
+            )
+        except (nccl.NcclBuildError, tarfile.TarError, EOFError, OSError) as error:
+            return f"no tree the NCCL build would unpack ({error})"
+    want = release["source_tree_sha256"]
+    return None if actual == want else f"an unpacked tree with digest {actual}, the lock pins {want}"
 
 
 def deb822(text: str) -> list[dict[str, str]]:
@@ -101,13 +127,19 @@ def system_debian_archive() -> tuple[str, str]:
 def apt_options(cache: Path) -> list[str]:
     apt = cache / "apt"
     return [
-        "-o", f"Dir::Etc::SourceList={os.devnull}",
-        "-o", f"Dir::Etc::SourceParts={apt / 'sources.list.d'}",
-        "-o", f"Dir::State::Lists={apt / 'lists'}",
-        "-o", f"Dir::Cache={apt / 'cache'}",
-        "-o", f"Dir::State::status={os.devnull}",
-        "-o", "APT::Sandbox::User=root",
-    ]  # fmt: skip
+        "-o",
+        f"Dir::Etc::SourceList={os.devnull}",
+        "-o",
+        f"Dir::Etc::SourceParts={apt / 'sources.list.d'}",
+        "-o",
+        f"Dir::State::Lists={apt / 'lists'}",
+        "-o",
+        f"Dir::Cache={apt / 'cache'}",
+        "-o",
+        f"Dir::State::status={os.devnull}",
+        "-o",
+        "APT::Sandbox::User=root",
+    ]
 
 
 def run(argv: list[str], error: type[FetchError] = FetchError) -> str:
@@ -157,8 +189,8 @@ def fetch(version: str | None = None, cache: Path = DEFAULT_CACHE, lock_path: Pa
     version, release = release_of(json.loads(lock_path.read_text(encoding="utf-8")), version)
     url, sha256 = release["source_url"], release["source_sha256"]
     target = cache / "src" / os.path.basename(urlparse(url).path)
-    if target.is_file() and sha256_file(target) == sha256:
-        return {"path": str(target), "sha256": sha256, "fetched": False}
+    if target.is_file() and matches_pin(target, release) is None:
+        return {"path": str(target), "sha256": sha256_file(target), "fetched": False}
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
     partial.unlink(missing_ok=True)
@@ -170,12 +202,12 @@ def fetch(version: str | None = None, cache: Path = DEFAULT_CACHE, lock_path: Pa
                 shutil.copyfileobj(response, out)
         except urllib.error.URLError as error:
             raise SourceUnreachable(f"{url}: {error.reason}") from error
-    actual = sha256_file(partial)
-    if actual != sha256:
+    problem = matches_pin(partial, release)
+    if problem:
         partial.unlink()
-        raise FetchError(f"{url} has sha256 {actual}, the lock pins {sha256}: refusing it")
+        raise FetchError(f"{url} has {problem}: refusing it")
     os.replace(partial, target)
-    return {"path": str(target), "sha256": sha256, "fetched": True}
+    return {"path": str(target), "sha256": sha256_file(target), "fetched": True}
 
 
 def main() -> int:

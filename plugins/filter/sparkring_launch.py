@@ -40,14 +40,13 @@ def sparkring_rank_spec(
     profile_path: str,
     node: dict,
     image: str,
-    runtime: str,
+    flavor: str,
     lock_path: str = str(LOCK_PATH),
 ) -> dict[str, Any]:
-    """`{{ hostvars[inventory_hostname] | sparkring_rank_spec(head_hostvars, profile, node, image, runtime) }}`
+    """`{{ hostvars[inventory_hostname] | sparkring_rank_spec(head_hostvars, profile, node, image, image_flavor) }}`
 
-    `lock_path` (default: images/lock.json) supplies the overlay pins of the runtime image."""
-    if runtime not in ("gb10", "sim-cpu"):
-        raise AnsibleFilterError(f"sparkring_rank_spec: runtime {runtime!r}, expected gb10 or sim-cpu")
+    `flavor` is the runtime image's flavor (the inventory's image_flavor: upstream, fork or sim);
+    `lock_path` (default: images/lock.json) supplies the overlay pins of that image."""
     if not image:
         raise AnsibleFilterError("sparkring_rank_spec: no image reference; run the image stage first")
     try:
@@ -61,7 +60,7 @@ def sparkring_rank_spec(
             _plain(head_vars, "the head"),
             capabilities,
             image,
-            runtime,
+            flavor,  # type: ignore[arg-type]  # checked by render_rank_spec, naming image_flavor
             load_lock(Path(lock_path)),
         )
     except (ProfileError, OSError) as error:

@@ -32,21 +32,47 @@ class Gate:
 
 
 GATES = (
-    Gate("AC-LOCK", "every input the deployment runs is the pinned one, on every rank (image, source "
-         "trees, NCCL, model files), and the running containers are the attested launch", "reads only"),
-    Gate("AC-IDEMPOTENT", "site.yml in check mode reports no change on any rank", "reads only (site.yml --check)"),
-    Gate("AC-RING-BURN", "every collective of the ring transport, small and large buffers, byte-identical "
-         "to the reference on every rank over the real fabric, with the model down (the qualify stage's burn)",
-         "stops the deployment for the burn; launching it again is the four-process replacement"),
-    Gate("AC-DETERMINISM", "greedy completions of a fixed prompt set are identical across two launches",
-         "the four-process replacement (the burn's relaunch, or a forced launch without the burn)"),
-    Gate("AC-SPARKCACHE", "after the four-process replacement every rank restores the long prompts from "
-         "SparkCache and the outputs equal the cold run", "the same replacement"),
-    Gate("AC-NCCL-IDENTITY", "every vLLM process maps exactly the attested NCCL library (or proves a second "
-         "copy unused by symbol resolution)", "reads only (/proc of the serving processes)"),
-    Gate("AC-CELLS", "benchmark cells through the OpenAI API: zero request errors, tokens/s and time to "
-         "first token, and the ring carried the collectives on every rank", "sends requests only"),
-)  # fmt: skip
+    Gate(
+        "AC-LOCK",
+        "every input the deployment runs is the pinned one, on every rank (image, source "
+        "trees, NCCL, model files), and the running containers are the attested launch",
+        "reads only",
+    ),
+    Gate(
+        "AC-IDEMPOTENT",
+        "site.yml in check mode reports no change on any rank",
+        "reads only (site.yml --check)",
+    ),
+    Gate(
+        "AC-RING-BURN",
+        "every collective of the ring transport, small and large buffers, byte-identical "
+        "to the reference on every rank over the real fabric, with the model down (the qualify stage's burn)",
+        "stops the deployment for the burn; launching it again is the four-process replacement",
+    ),
+    Gate(
+        "AC-DETERMINISM",
+        "greedy completions of a fixed prompt set are identical across two launches",
+        "the four-process replacement (the burn's relaunch, or a forced launch without the burn)",
+    ),
+    Gate(
+        "AC-SPARKCACHE",
+        "after the four-process replacement every rank restores the long prompts from "
+        "SparkCache and the outputs equal the cold run",
+        "the same replacement",
+    ),
+    Gate(
+        "AC-NCCL-IDENTITY",
+        "every vLLM process maps exactly the attested NCCL library (or proves a second "
+        "copy unused by symbol resolution)",
+        "reads only (/proc of the serving processes)",
+    ),
+    Gate(
+        "AC-CELLS",
+        "benchmark cells through the OpenAI API: zero request errors, tokens/s and time to "
+        "first token, and the ring carried the collectives on every rank",
+        "sends requests only",
+    ),
+)
 GATE_IDS = tuple(gate.id for gate in GATES)
 
 
@@ -71,8 +97,13 @@ def plan(selected: list[str] | None, profile: dict[str, Any]) -> list[dict[str, 
     return out
 
 
-def result(gate_id: str, problems_by_rank: dict[int | None, list[str]], summary: str, fix: str,
-           evidence: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def result(
+    gate_id: str,
+    problems_by_rank: dict[int | None, list[str]],
+    summary: str,
+    fix: str,
+    evidence: dict[str, Any],
+) -> dict[str, Any]:
     """A gate's result: failed when any rank (or the ring, key None) has a problem; the rank named
     is the lowest failing one."""
     failing = [rank for rank, problems in problems_by_rank.items() if problems]
@@ -96,9 +127,17 @@ def result(gate_id: str, problems_by_rank: dict[int | None, list[str]], summary:
 def skipped(entry: dict[str, Any]) -> dict[str, Any]:
     """A planned gate without a result: skipped by the plan, or not reached (an earlier gate failed)."""
     reached = not entry["run"]
-    return {"schema": SCHEMA, "id": entry["id"], "status": "skip" if reached else "not-run", "rank": None,
-            "failing_ranks": [], "summary": entry.get("note", "skipped") if reached else
-            "not run: the run stopped at an earlier gate", "problems": [], "fix": "", "evidence": {}}  # fmt: skip
+    return {
+        "schema": SCHEMA,
+        "id": entry["id"],
+        "status": "skip" if reached else "not-run",
+        "rank": None,
+        "failing_ranks": [],
+        "summary": entry.get("note", "skipped") if reached else "not run: the run stopped at an earlier gate",
+        "problems": [],
+        "fix": "",
+        "evidence": {},
+    }
 
 
 def failure_line(gate: dict[str, Any]) -> str:
@@ -123,8 +162,13 @@ def pinned_model_files(pins: list[dict[str, Any]]) -> list[dict[str, str]]:
     ]
 
 
-def lock_verdict(lock: dict[str, Any], lock_sha256: str, profile: dict[str, Any], identity: dict[str, Any],
-                 ranks: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+def lock_verdict(
+    lock: dict[str, Any],
+    lock_sha256: str,
+    profile: dict[str, Any],
+    identity: dict[str, Any],
+    ranks: list[dict[str, Any]],
+) -> dict[str, Any]:
     """Each rank: the running container is the attested launch of this profile, its image is the
     image stage's (built from this lock), and every pinned input on the rank has the lock's hash.
 
@@ -149,9 +193,14 @@ def lock_verdict(lock: dict[str, Any], lock_sha256: str, profile: dict[str, Any]
             problems[rank].append(f"{name}: {detail}")
 
     locked_image = identity.get("lock") == lock
-    check(None, "image-built-from-lock", locked_image,
-          "the image stage's identity records this lock" if locked_image else
-          "the image on rank 0 was built from another images/lock.json than the checkout's")  # fmt: skip
+    check(
+        None,
+        "image-built-from-lock",
+        locked_image,
+        "the image stage's identity records this lock"
+        if locked_image
+        else "the image on rank 0 was built from another images/lock.json than the checkout's",
+    )
     nccl_release = (
         (lock.get("nccl") or {}).get("releases", {}).get((lock.get("nccl") or {}).get("default_version"))
     )
@@ -159,12 +208,23 @@ def lock_verdict(lock: dict[str, Any], lock_sha256: str, profile: dict[str, Any]
         rank, record, container = r["rank"], r.get("record") or {}, r.get("container") or {}
         running = bool(container.get("Running"))
         check(rank, "container-running", running, f"{container.get('Name', '?')} running={running}")
-        check(rank, "attested-launch", bool(r.get("up_to_date")),
-              "the running container is the one the launch started, with this profile's exact argv"
-              if r.get("up_to_date") else "the running container is not the launch of this profile")  # fmt: skip
+        check(
+            rank,
+            "attested-launch",
+            bool(r.get("up_to_date")),
+            "the running container is the one the launch started, with this profile's exact argv"
+            if r.get("up_to_date")
+            else "the running container is not the launch of this profile",
+        )
         same_argv = record.get("argv") == r.get("spec_argv")
-        check(rank, "record-argv", same_argv, "the latest attestation record holds this argv" if same_argv
-              else "the latest attestation record was made for another argv")  # fmt: skip
+        check(
+            rank,
+            "record-argv",
+            same_argv,
+            "the latest attestation record holds this argv"
+            if same_argv
+            else "the latest attestation record was made for another argv",
+        )
         image = (record.get("image") or {}).get("id")
         check(
             rank,
@@ -173,27 +233,45 @@ def lock_verdict(lock: dict[str, Any], lock_sha256: str, profile: dict[str, Any]
             f"record {image}, running {container.get('Image')}, image stage {identity.get('image_id')}",
         )
         built = r.get("image_json") or {}
-        check(rank, "image-lock", built.get("lock_sha256") == lock_sha256,
-              f"the running image's build record names lock sha256 {built.get('lock_sha256')}, "
-              f"the checkout's images/lock.json is {lock_sha256}")  # fmt: skip
+        check(
+            rank,
+            "image-lock",
+            built.get("lock_sha256") == lock_sha256,
+            f"the running image's build record names lock sha256 {built.get('lock_sha256')}, "
+            f"the checkout's images/lock.json is {lock_sha256}",
+        )
         for name, tree in sorted(lock.get("source_trees", {}).items()):
             found = (built.get("sources_sha256") or {}).get(name)
-            check(rank, f"source-{name}", found == tree["sha256"],
-                  f"the running image was built from {found}, locked {tree['sha256']}")  # fmt: skip
+            check(
+                rank,
+                f"source-{name}",
+                found == tree["sha256"],
+                f"the running image was built from {found}, locked {tree['sha256']}",
+            )
         nccl_found = ((record.get("image_files") or {}).get("nccl") or {}).get("sha256")
         if profile.get("nccl_mode") == "none":
-            check(rank, "nccl", nccl_found is None, "no NCCL library in this deployment (NCCL_MODE=none)"
-                  if nccl_found is None else f"NCCL_MODE=none but the image carries a library ({nccl_found})")  # fmt: skip
+            check(
+                rank,
+                "nccl",
+                nccl_found is None,
+                "no NCCL library in this deployment (NCCL_MODE=none)"
+                if nccl_found is None
+                else f"NCCL_MODE=none but the image carries a library ({nccl_found})",
+            )
         else:
             built = r.get("nccl") or {}
             want_patches = [p["sha256"] for p in (nccl_release or {}).get("patches", [])]
             got_patches = [p.get("sha256") for p in built.get("patches", [])]
-            same_source = (built.get("source") or {}).get("sha256") == (nccl_release or {}).get(
-                "source_sha256"
+            # The source as pinned: the archive's sha256 and the unpacked tree's digest, each or null.
+            built_source = [(built.get("source") or {}).get(k) for k in ("sha256", "tree_sha256")]
+            locked_source = [(nccl_release or {}).get(k) for k in ("source_sha256", "source_tree_sha256")]
+            check(
+                rank,
+                "nccl-source",
+                bool(built) and built_source == locked_source and got_patches == want_patches,
+                f"built from source {built_source} with patches {got_patches}; "
+                f"locked {locked_source} with {want_patches}",
             )
-            check(rank, "nccl-source", bool(built) and same_source and got_patches == want_patches,
-                  f"built from source {(built.get('source') or {}).get('sha256')} with patches {got_patches}; "
-                  f"locked {(nccl_release or {}).get('source_sha256')} with {want_patches}")  # fmt: skip
             library = (built.get("output") or {}).get("sha256")
             check(
                 rank,
@@ -204,16 +282,21 @@ def lock_verdict(lock: dict[str, Any], lock_sha256: str, profile: dict[str, Any]
         for f in r.get("model_files", []):  # the stat loop's results: item (the pin) and stat
             want, stat = f["item"], f.get("stat") or {}
             found = stat.get("checksum") if stat.get("exists") else None
-            check(rank, f"model-{want['model']}", found == want["sha256"],
-                  f"{want['path']}: {found or 'missing'}, locked {want['sha256']}")  # fmt: skip
+            check(
+                rank,
+                f"model-{want['model']}",
+                found == want["sha256"],
+                f"{want['path']}: {found or 'missing'}, locked {want['sha256']}",
+            )
     failed = sum(1 for c in checks if c["status"] == "fail")
     return result(
-        "AC-LOCK", problems,
+        "AC-LOCK",
+        problems,
         f"{len(checks) - failed} of {len(checks)} pin checks passed on {len(ranks)} ranks",
         "put the pinned input back on that rank: the model stage or launch for model files, the image "
         "stage (playbooks/image.yml) for the image, the build stage for NCCL; then launch again",
         {"checks": checks},
-    )  # fmt: skip
+    )
 
 
 # -- AC-IDEMPOTENT ---------------------------------------------------------------------------------
@@ -225,8 +308,10 @@ CHANGED = re.compile(r"^changed: \[([^\]\s]+)(?: -> [^\]]+)?\]")
 
 def site_check_verdict(output: str, rc: int, host_ranks: dict[str, int]) -> dict[str, Any]:
     """`ansible-playbook site.yml --check` must end with changed=0, failed=0, unreachable=0 on every rank."""
-    recap = {m[1]: {"ok": int(m[2]), "changed": int(m[3]), "unreachable": int(m[4]), "failed": int(m[5])}
-             for m in RECAP.finditer(output)}  # fmt: skip
+    recap = {
+        m[1]: {"ok": int(m[2]), "changed": int(m[3]), "unreachable": int(m[4]), "failed": int(m[5])}
+        for m in RECAP.finditer(output)
+    }
     changed_tasks: dict[str, list[str]] = {}
     task = "?"
     for line in output.splitlines():
@@ -277,12 +362,14 @@ def burn_verdict(report: dict[str, Any]) -> dict[str, Any]:
     if not report.get("ranks"):
         problems[None].append(f"the burn produced no result ({report.get('summary', 'no report')})")
     return result(
-        "AC-RING-BURN", problems, report.get("summary", ""),
+        "AC-RING-BURN",
+        problems,
+        report.get("summary", ""),
         "a mismatch is data corrupted between that rank and a neighbour (cable, NIC, host memory): "
         "re-run playbooks/qualify.yml; the deployment stays stopped until the fabric is fixed "
         "(then playbooks/launch.yml)",
         {"report": report},
-    )  # fmt: skip
+    )
 
 
 # -- AC-NCCL-IDENTITY ------------------------------------------------------------------------------
@@ -296,13 +383,17 @@ def nccl_identity_verdict(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         {lib["path"] + " " + lib["sha256"] for r in ranks for p in r["processes"] for lib in p["libraries"]}
     )
     return result(
-        "AC-NCCL-IDENTITY", problems,
+        "AC-NCCL-IDENTITY",
+        problems,
         f"{sum(len(r['processes']) for r in ranks)} vLLM processes on {len(ranks)} ranks; modes {modes}",
         "the rank's container maps another NCCL than the attested one: find what puts it there "
         "(LD_PRELOAD, LD_LIBRARY_PATH, the image) and launch again through playbooks/launch.yml",
-        {"modes": modes, "mapped": mapped,
-         "attested": {r["rank"]: r.get("attested_sha256") or None for r in ranks}},
-    )  # fmt: skip
+        {
+            "modes": modes,
+            "mapped": mapped,
+            "attested": {r["rank"]: r.get("attested_sha256") or None for r in ranks},
+        },
+    )
 
 
 # -- AC-DETERMINISM --------------------------------------------------------------------------------
@@ -324,8 +415,10 @@ def determinism_verdict(first: list[dict[str, Any]], second: list[dict[str, Any]
             if run.get("error"):
                 problems[None].append(f"prompt {run['id']}: request failed: {run['error']}")
         if not (a.get("error") or b.get("error")) and a["text"] != b["text"]:
-            at = next((i for i, (x, y) in enumerate(zip(a["text"], b["text"], strict=False)) if x != y),
-                      min(len(a["text"]), len(b["text"])))  # fmt: skip
+            at = next(
+                (i for i, (x, y) in enumerate(zip(a["text"], b["text"], strict=False)) if x != y),
+                min(len(a["text"]), len(b["text"])),
+            )
             problems[None].append(
                 f"prompt {a['id']}: outputs differ from character {at}: {a['text'][at : at + 40]!r} "
                 f"before, {b['text'][at : at + 40]!r} after the replacement"
@@ -351,8 +444,9 @@ def publications(log: str) -> list[dict[str, Any]]:
     return [{"tokens": int(m[1]), "status": m[2], "reason": m[3]} for m in PUBLISHED.finditer(log)]
 
 
-def sparkcache_verdict(cold: list[dict[str, Any]], warm: list[dict[str, Any]], logs: dict[int, str],
-                       expected_tokens: list[int]) -> dict[str, Any]:  # fmt: skip
+def sparkcache_verdict(
+    cold: list[dict[str, Any]], warm: list[dict[str, Any]], logs: dict[int, str], expected_tokens: list[int]
+) -> dict[str, Any]:
     """Every rank restored every long prompt in full (its log says so), the outputs equal the
     cold run, and time to first token is reported against the recompute (the cold run)."""
     problems: dict[int | None, list[str]] = {None: []}
@@ -377,18 +471,30 @@ def sparkcache_verdict(cold: list[dict[str, Any]], warm: list[dict[str, Any]], l
                 f"rank {rank} did not restore every long prompt (loaded {loaded} tokens, expected "
                 f"{expected_tokens}){why}; vLLM recomputed instead"
             )
-    ttft = [{"id": a["id"], "recompute_s": a.get("ttft_s"), "restore_s": b.get("ttft_s"),
-             "ratio": round(b["ttft_s"] / a["ttft_s"], 3) if a.get("ttft_s") and b.get("ttft_s") else None}
-            for a, b in zip(cold, warm, strict=True)]  # fmt: skip
+    ttft = [
+        {
+            "id": a["id"],
+            "recompute_s": a.get("ttft_s"),
+            "restore_s": b.get("ttft_s"),
+            "ratio": round(b["ttft_s"] / a["ttft_s"], 3) if a.get("ttft_s") and b.get("ttft_s") else None,
+        }
+        for a, b in zip(cold, warm, strict=True)
+    ]
     outputs_equal = all(a.get("text") == b.get("text") for a, b in zip(cold, warm, strict=True))
     return result(
-        "AC-SPARKCACHE", problems,
+        "AC-SPARKCACHE",
+        problems,
         f"{len(warm)} long prompts after a four-process replacement; outputs equal: {outputs_equal}; "
         "time to first token restore/recompute: " + ", ".join(str(t["ratio"]) for t in ttft),
         "look at that rank's SparkCache store and log (a page failed verification, was missing, or the "
         "store could not publish: disk, limits)",
-        {"outputs_equal": outputs_equal, "ttft": ttft, "restored": restored, "expected_tokens": expected_tokens},
-    )  # fmt: skip
+        {
+            "outputs_equal": outputs_equal,
+            "ttft": ttft,
+            "restored": restored,
+            "expected_tokens": expected_tokens,
+        },
+    )
 
 
 # -- the one-page summary --------------------------------------------------------------------------
@@ -398,15 +504,18 @@ def _cell_rows(cells: list[dict[str, Any]]) -> list[str]:
     def num(v: float | None) -> str:
         return "-" if v is None else f"{v:.4g}"
 
-    rows = [f"{'CELL':<18} {'METRIC':<24} {'P50':>8} {'MIN':>8} {'MAX':>8} {'TARGET':>7} "
-            f"{'TTFT P50 (MIN-MAX) s':>22} {'REQ':>4} {'ERR':>4}  RING SHARE PER RANK"]  # fmt: skip
+    rows = [
+        f"{'CELL':<18} {'METRIC':<24} {'P50':>8} {'MIN':>8} {'MAX':>8} {'TARGET':>7} "
+        f"{'TTFT P50 (MIN-MAX) s':>22} {'REQ':>4} {'ERR':>4}  RING SHARE PER RANK"
+    ]
     for c in cells:
         h, t = c["headline"], c["ttft_s"]
         ring = " ".join(
-            "n/a" if a.get("off_ring_share", None) is None and a["status"] == "not applicable"
+            "n/a"
+            if a.get("off_ring_share", None) is None and a["status"] == "not applicable"
             else (f"{1 - a['off_ring_share']:.0%}" if a.get("off_ring_share") is not None else a["status"])
             for _rank, a in sorted(c.get("ring_audit", {}).items(), key=lambda kv: int(kv[0]))
-        )  # fmt: skip
+        )
         ttft = f"{num(t['p50'])} ({num(t['min'])}-{num(t['max'])})"
         rows.append(
             f"{c['cell']['id']:<18} {h['metric'].replace('_', ' '):<24} {num(h['p50']):>8} {num(h['min']):>8} "

@@ -81,8 +81,10 @@ def parse_cells(raw: list[dict[str, Any]], max_model_len: int) -> list[Cell]:
             ]
             continue
         if cell.prompt_tokens + cell.max_tokens > max_model_len:
-            problems.append(f"{where}: {cell.prompt_tokens} prompt + {cell.max_tokens} generated tokens exceed "
-                            f"MAX_MODEL_LEN {max_model_len} of the launch profile")  # fmt: skip
+            problems.append(
+                f"{where}: {cell.prompt_tokens} prompt + {cell.max_tokens} generated tokens exceed "
+                f"MAX_MODEL_LEN {max_model_len} of the launch profile"
+            )
         cells.append(cell)
     ids = [c.id for c in cells]
     problems += [
@@ -121,11 +123,17 @@ def cell_requests(cell: Cell, seed: str, vocab_size: int) -> list[dict[str, Any]
     return out
 
 
-def long_prompts(count: int, prompt_tokens: int, max_tokens: int, seed: str, vocab_size: int,
-                 max_model_len: int) -> list[dict[str, Any]]:  # fmt: skip
+def long_prompts(
+    count: int, prompt_tokens: int, max_tokens: int, seed: str, vocab_size: int, max_model_len: int
+) -> list[dict[str, Any]]:
     """AC-SPARKCACHE's long prompts: random token ids (nothing cached yet), plain greedy output."""
-    raw = {"id": "sparkcache", "kind": "prefill", "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
-           "requests": count}  # fmt: skip
+    raw = {
+        "id": "sparkcache",
+        "kind": "prefill",
+        "prompt_tokens": prompt_tokens,
+        "max_tokens": max_tokens,
+        "requests": count,
+    }
     (cell,) = parse_cells([raw], max_model_len)
     return [{**r, "ignore_eos": False} for r in cell_requests(cell, seed, vocab_size)]
 
@@ -134,8 +142,13 @@ def spread(values: Iterable[float]) -> dict[str, Any]:
     vals = [v for v in values if v is not None]
     if not vals:
         return {"n": 0, "p50": None, "min": None, "max": None, "values": []}
-    return {"n": len(vals), "p50": round(statistics.median(vals), 4), "min": round(min(vals), 4),
-            "max": round(max(vals), 4), "values": [round(v, 4) for v in vals]}  # fmt: skip
+    return {
+        "n": len(vals),
+        "p50": round(statistics.median(vals), 4),
+        "min": round(min(vals), 4),
+        "max": round(max(vals), 4),
+        "values": [round(v, 4) for v in vals],
+    }
 
 
 def cell_figures(cell: Cell, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -144,13 +157,19 @@ def cell_figures(cell: Cell, results: list[dict[str, Any]]) -> dict[str, Any]:
     per_request = []
     for r in ok:
         decode_s = r["total_s"] - r["ttft_s"]
-        per_request.append({
-            "id": r["id"], "round": r["round"], "ttft_s": r["ttft_s"], "prompt_tokens": r["prompt_tokens"],
-            "completion_tokens": r["completion_tokens"],
-            "prefill_tok_s": r["prompt_tokens"] / r["ttft_s"] if r["ttft_s"] > 0 else None,
-            "decode_tok_s": (r["completion_tokens"] - 1) / decode_s
-            if r["completion_tokens"] > 1 and decode_s > 0 else None,
-        })  # fmt: skip
+        per_request.append(
+            {
+                "id": r["id"],
+                "round": r["round"],
+                "ttft_s": r["ttft_s"],
+                "prompt_tokens": r["prompt_tokens"],
+                "completion_tokens": r["completion_tokens"],
+                "prefill_tok_s": r["prompt_tokens"] / r["ttft_s"] if r["ttft_s"] > 0 else None,
+                "decode_tok_s": (r["completion_tokens"] - 1) / decode_s
+                if r["completion_tokens"] > 1 and decode_s > 0
+                else None,
+            }
+        )
     rounds = []
     for number in sorted({r["round"] for r in ok}):
         members = [r for r in ok if r["round"] == number and r.get("first_token") is not None]
@@ -158,8 +177,13 @@ def cell_figures(cell: Cell, results: list[dict[str, Any]]) -> dict[str, Any]:
             (r["first_token"] for r in members), default=0
         )
         tokens = sum(r["completion_tokens"] - 1 for r in members)
-        rounds.append({"round": number, "streams": len(members),
-                       "aggregate_decode_tok_s": tokens / window if window > 0 else None})  # fmt: skip
+        rounds.append(
+            {
+                "round": number,
+                "streams": len(members),
+                "aggregate_decode_tok_s": tokens / window if window > 0 else None,
+            }
+        )
     source = rounds if cell.headline == "aggregate_decode_tok_s" else per_request
     headline = spread(item[cell.headline] for item in source)
     figures = {
@@ -179,12 +203,16 @@ def cell_figures(cell: Cell, results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {k: after.get(k, 0) - before.get(k, 0) for k in sorted(set(before) | set(after))
-            if after.get(k, 0) != before.get(k, 0)}  # fmt: skip
+    return {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in sorted(set(before) | set(after))
+        if after.get(k, 0) != before.get(k, 0)
+    }
 
 
-def ring_audit(rank: int, mode: str | None, before: dict[str, int] | None, after: dict[str, int] | None,
-               budget: float) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+def ring_audit(
+    rank: int, mode: str | None, before: dict[str, int] | None, after: dict[str, int] | None, budget: float
+) -> tuple[dict[str, Any], list[str]]:
     """One rank's collectives during one cell, from its worker's recorder dumps before and after."""
     if mode in (None, "disabled"):
         return {"mode": mode or "disabled", "status": "not applicable"}, []
@@ -196,8 +224,15 @@ def ring_audit(rank: int, mode: str | None, before: dict[str, int] | None, after
         return sum(v for k, v in delta.items() if k.endswith(suffix))
 
     ring, off, errors = total(".ring"), total(".stock") + total(".fallback"), total(".error")
-    audit = {"mode": mode, "delta": delta, "ring": ring, "off_ring": off, "errors": errors,
-             "mismatches": total(".shadow_mismatch"), "off_ring_share": round(off / (ring + off), 6) if ring + off else None}  # fmt: skip
+    audit = {
+        "mode": mode,
+        "delta": delta,
+        "ring": ring,
+        "off_ring": off,
+        "errors": errors,
+        "mismatches": total(".shadow_mismatch"),
+        "off_ring_share": round(off / (ring + off), 6) if ring + off else None,
+    }
     problems = []
     if errors:
         problems.append(f"rank {rank}: {errors} collective(s) failed on the ring during the cell")
@@ -267,16 +302,22 @@ def plot(evidence_dir: Path) -> Path:
             if stats["p50"] is not None:
                 ax.axhline(stats["p50"], color="tab:blue", linewidth=1, label=f"p50 {stats['p50']:.3g}")
             if row == 0 and cell["cell"].get("target_tok_s"):
-                ax.axhline(cell["cell"]["target_tok_s"], color="tab:red", linestyle="--", linewidth=1,
-                           label=f"target {cell['cell']['target_tok_s']}")  # fmt: skip
+                ax.axhline(
+                    cell["cell"]["target_tok_s"],
+                    color="tab:red",
+                    linestyle="--",
+                    linewidth=1,
+                    label=f"target {cell['cell']['target_tok_s']}",
+                )
             ax.set_ylim(bottom=0)
             ax.set_ylabel(label, fontsize=8)
             ax.tick_params(labelsize=7)
             ax.legend(fontsize=6, loc="lower right")
         axes[0][column].set_title(
             f"{cell['cell']['id']}\n{cell['cell']['prompt_tokens']} in, {cell['cell']['max_tokens']} out, "
-            f"C{cell['cell']['concurrency']}, {len(cell['errors'])} errors", fontsize=8,
-        )  # fmt: skip
+            f"C{cell['cell']['concurrency']}, {len(cell['errors'])} errors",
+            fontsize=8,
+        )
     fig.tight_layout()
     out = evidence_dir / "cells.png"
     fig.savefig(out, dpi=110)

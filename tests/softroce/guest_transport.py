@@ -72,8 +72,9 @@ BURN_ARGS = (
 
 def _ring(args: argparse.Namespace) -> RingSpec:
     doc = json.loads(Path(args.spec).read_text())
-    return from_hostvars({"sparkring_rank": doc["rank"], "sparkring_world_size": doc["world"],
-                          "sparkring_ports": doc["ports"]})  # fmt: skip
+    return from_hostvars(
+        {"sparkring_rank": doc["rank"], "sparkring_world_size": doc["world"], "sparkring_ports": doc["ports"]}
+    )
 
 
 def _communicator(args: argparse.Namespace, step: str) -> Communicator:
@@ -142,9 +143,13 @@ def step_build(args: argparse.Namespace) -> str:
                     index, gid = dev.resolve_gid_index("auto", port.address)
                 else:
                     index, gid = dev.resolve_link_local_gid_index("auto")
-                twins[twin.rdma_device] = {"cage": port.cage, "twin": t, "gid_index": index,
-                                           "gid": str(ipaddress.IPv6Address(gid)),
-                                           "active_mtu": verbs.MTU_BYTES.get(dev.mtu_enum)}  # fmt: skip
+                twins[twin.rdma_device] = {
+                    "cage": port.cage,
+                    "twin": t,
+                    "gid_index": index,
+                    "gid": str(ipaddress.IPv6Address(gid)),
+                    "active_mtu": verbs.MTU_BYTES.get(dev.mtu_enum),
+                }
             finally:
                 dev.close()
     built = sorted(
@@ -152,8 +157,17 @@ def step_build(args: argparse.Namespace) -> str:
         for p in cache_root().rglob("*")
         if p.is_file() and p.suffix in (".so", "") and p.name[0] != "."
     )
-    _save("build", {"seconds": round(time.monotonic() - t0, 2), "cache": str(cache_root()), "built": built,
-                    "layout_sizes": sizes, "devices": devices, "twins": twins})  # fmt: skip
+    _save(
+        "build",
+        {
+            "seconds": round(time.monotonic() - t0, 2),
+            "cache": str(cache_root()),
+            "built": built,
+            "layout_sizes": sizes,
+            "devices": devices,
+            "twins": twins,
+        },
+    )
     resolved = "; ".join(f"{name} GID {t['gid_index']} {t['gid']}" for name, t in twins.items())
     return (
         f"built {', '.join(built)} with the guest's gcc; layouts match verbs.h ({len(sizes)} structs); "
@@ -313,8 +327,15 @@ def step_cmdring(args: argparse.Namespace) -> str:
             want = reference.all_reduce(inputs, code, algorithm).view(np.uint8)
             bad = int(not np.array_equal(ring.all_reduce(inputs[comm.rank], algorithm).view(np.uint8), want))
             mismatches += bad
-            runs.append({"collective": "all_reduce", "algorithm": algorithm, "dtype": np.dtype(np_type).name,
-                         "size_bytes": size, "mismatches": bad})  # fmt: skip
+            runs.append(
+                {
+                    "collective": "all_reduce",
+                    "algorithm": algorithm,
+                    "dtype": np.dtype(np_type).name,
+                    "size_bytes": size,
+                    "mismatches": bad,
+                }
+            )
         blocks = [_pattern(4096, r).view(np.float32) for r in range(comm.world)]
         got = ring.all_gather(blocks[comm.rank]).view(np.uint8)  # random bytes: compare bits (NaN too)
         bad = int(not np.array_equal(got, np.concatenate(blocks).view(np.uint8)))

@@ -13,8 +13,9 @@
  *             done[slot].seq = seq; raise wake (a GPU stream may wait on that one word with a
  *             stream memory operation, whose address and value a graph can bake in).
  * A failed ring answers every later command at once with the failure's status, so no waiter
- * (and no GPU stream) is ever left spinning. Mirrored field for field in transport/command_ring.py
- * and transport/csrc/sr_gpu.cu. */
+ * (and no GPU stream) is ever left spinning. Both producers (sr_progress.c's host one and
+ * sr_gpu.cu) post through one routine, sr_post.h; the ctypes mirrors in transport/_native.py
+ * are checked against the compiled layout when the library loads. */
 #ifndef SR_CMDRING_H
 #define SR_CMDRING_H
 
@@ -28,6 +29,7 @@
 
 #define SR_RING_SLOTS 64
 #define SR_RING_MAGIC 0x31474e52u /* "RNG1" */
+#define SR_READY_FAILED 0x40000000u /* out_ready after a failure: passes every GEQ wait */
 
 /* One command: which registered plan to run, and what the producer believes it is (the
  * consumer checks every field against the plan, so a stale or foreign command is refused). */
@@ -54,8 +56,17 @@ typedef struct sr_cmdring {
     uint32_t magic;
     uint32_t slots;
     uint32_t wake; /* raised (1) after every answer: a GPU stream waits on it, then lowers it */
+    /* Pipelined commands (a plan with chunk > 0): the producer raises in_ready to k once the
+     * input's first k chunks are in the arena; the consumer raises out_ready to k once the
+     * result's first k chunks are final (a GPU stream waits on it with a stream memory
+     * operation, GEQ, then copies chunk k-1 out). The producer lowers both to 0 before it
+     * posts (the stream may still be copying chunks out after the answer, so the consumer
+     * never lowers them); a failure answer raises out_ready to SR_READY_FAILED so no stream
+     * waits. */
+    uint32_t in_ready;
+    uint32_t out_ready;
     uint32_t pad;
-    uint64_t pad0[6];
+    uint64_t pad0[5];
     uint64_t doorbell; /* the latest seq posted (own cache line) */
     uint64_t pad1[7];
     sr_cmd cmd[SR_RING_SLOTS];

@@ -14,7 +14,12 @@
  * as soon as data lands instead of after its own sends, so TCP's acknowledgements are never
  * held back. The groups touch disjoint state (tx fields and tx_fd, or rx fields, staging
  * and rx_fd), and the first to fail raises an eventfd that ends the others. Single-frame
- * calls (the latency path) stay on the caller's thread. */
+ * calls (the latency path) stay on the caller's thread.
+ *
+ * Liveness (sr_keeper, at the end): the ack direction of each cable (we write on rx, read on
+ * tx) also carries heartbeats and dead-peer verdicts. It is shared by whichever call runs and
+ * the keeper thread, under two small locks (in_mu: reading tx; out_mu: writing rx), so a link
+ * is watched whether or not a collective runs; the DATA direction stays the call's alone. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sr_layout.h"
 #include "sr_wire.h"
 
 /* A thread that runs one group of a call at a time (see the top of the file). */
@@ -52,10 +58,20 @@ typedef struct sr_peer {
     uint64_t rx_seq;   /* next DATA sequence expected */
     uint64_t rx_acked; /* highest ACK value written */
     int rx_gone;       /* the peer closed after its last frame: acks have nowhere to go */
-    sr_header ack_in;  /* an ACK being read */
-    size_t ack_in_have;
-    sr_header ack_out; /* an ACK being written */
-    size_t ack_out_off, ack_out_len;
+    pthread_mutex_t in_mu, out_mu; /* the ack direction: reading it (tx_fd), writing it (rx_fd) */
+    unsigned char ctl_in[SR_HEADER_BYTES + SR_DEAD_BYTES]; /* a control frame being read */
+    size_t ctl_in_have;
+    unsigned char out[4 * (SR_HEADER_BYTES + SR_DEAD_BYTES)]; /* control frames being written */
+    size_t out_off, out_len;
+    int event_fd;          /* raised when the keeper consumed acks a call may be waiting for */
+    int64_t last_heard_ms; /* monotonic: the last bytes from the peer, either direction (atomic) */
+    int64_t last_sent_ms;  /* monotonic: the last bytes we wrote on the ack direction */
+    int ctl_closed;        /* the ack direction reached its end: the peer closed or reset it */
+    int peer_left;         /* the peer said BYE first: its close is no verdict */
+    int aborted;           /* we shut the link down ourselves (sr_peer_abort) */
+    uint32_t addr;         /* the peer's IPv4 address on this cable (network order; sr_peer_describe) */
+    int cage;
+    struct sr_keeper *keeper; /* the thread that watches this link, if any */
     unsigned char *staging; /* one slot: a DATA payload is checked here before it is added */
     uint64_t stats[6];      /* frames tx, frames rx, bytes tx, bytes rx, acks tx, acks rx */
     sr_worker *workers[2];  /* the tx and rx side's threads, started on first use */
@@ -66,6 +82,11 @@ static void worker_stop(sr_worker *w);
 
 static int pump_acks(sr_peer *p, sr_error *err);
 static int64_t now_ms(void);
+static int keeper_after_failure(sr_peer *p, int rc, sr_error *err);
+static int keeper_check(const sr_peer *p, sr_error *err);
+static int keeper_dead_fd(const sr_peer *p);
+static int keeper_heard_dead(sr_peer *p, const sr_dead *d, sr_error *err);
+static void send_control(sr_peer *p, uint8_t kind, const void *payload, uint32_t len, int ms);
 
 int sr_abi_version(void) { return SR_WIRE_VERSION; }
 
@@ -112,6 +133,10 @@ sr_peer *sr_peer_new(int my_rank, int peer_rank, int tx_fd, int rx_fd, uint32_t 
     p->rx_fd = rx_fd;
     p->slot_bytes = slot_bytes;
     p->window = window;
+    p->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pthread_mutex_init(&p->in_mu, NULL);
+    pthread_mutex_init(&p->out_mu, NULL);
+    p->last_heard_ms = p->last_sent_ms = now_ms();
     tune_socket(tx_fd);
     if (rx_fd != tx_fd)
         tune_socket(rx_fd);
@@ -125,14 +150,16 @@ void sr_peer_free(sr_peer *p, int linger_ms) {
     if (!p)
         return;
     int64_t deadline = now_ms() + linger_ms;
-    while (p->tx_acked < p->tx_seq) {
+    while (__atomic_load_n(&p->tx_acked, __ATOMIC_ACQUIRE) < p->tx_seq) {
         sr_error ignored;
         int64_t left = deadline - now_ms();
-        if (left <= 0 || pump_acks(p, &ignored) || p->tx_acked == p->tx_seq)
+        if (left <= 0 || pump_acks(p, &ignored) || __atomic_load_n(&p->tx_acked, __ATOMIC_ACQUIRE) == p->tx_seq)
             break;
         struct pollfd f = {.fd = p->tx_fd, .events = POLLIN};
         poll(&f, 1, (int)left);
     }
+    if (linger_ms > 0) /* a clean close: tell the peer, so it is no verdict on us */
+        send_control(p, SR_KIND_BYE, NULL, 0, (int)(deadline - now_ms() > 100 ? deadline - now_ms() : 100));
     if (p->workers_pid == getpid())
         for (int side = 0; side < 2; side++)
             worker_stop(p->workers[side]);
@@ -140,8 +167,18 @@ void sr_peer_free(sr_peer *p, int linger_ms) {
     close(p->tx_fd);
     if (p->rx_fd != p->tx_fd)
         close(p->rx_fd);
+    if (p->event_fd >= 0)
+        close(p->event_fd);
+    pthread_mutex_destroy(&p->in_mu);
+    pthread_mutex_destroy(&p->out_mu);
     free(p->staging);
     free(p);
+}
+
+/* Name the peer for dead-peer verdicts: its IPv4 address on this cable and the cable's cage. */
+void sr_peer_describe(sr_peer *p, uint32_t addr_be, int cage) {
+    p->addr = addr_be;
+    p->cage = cage;
 }
 
 void sr_peer_stats(const sr_peer *p, uint64_t out[6]) { memcpy(out, p->stats, sizeof p->stats); }
@@ -184,7 +221,10 @@ static int check_header(const sr_header *h, sr_peer *p, uint8_t kind, sr_error *
         return sr_fail(err, SR_EPROTO, p->peer_rank, "bad frame magic 0x%08x from rank %d", h->magic, p->peer_rank);
     if (sr_checksum_bytes(h, SR_HEADER_BYTES - 4) != h->header_sum)
         return sr_fail(err, SR_ECORRUPT, p->peer_rank, "corrupted frame header from rank %d", p->peer_rank);
-    if (h->version != SR_WIRE_VERSION || h->kind != kind || h->src_rank != p->peer_rank || h->dst_rank != p->my_rank)
+    /* The ack direction also carries heartbeats and verdicts. */
+    int kind_ok = h->kind == kind || (kind == SR_KIND_ACK && (h->kind == SR_KIND_HEARTBEAT || h->kind == SR_KIND_DEAD ||
+                                                              h->kind == SR_KIND_BYE));
+    if (h->version != SR_WIRE_VERSION || !kind_ok || h->src_rank != p->peer_rank || h->dst_rank != p->my_rank)
         return sr_fail(err, SR_EPROTO, p->peer_rank,
                     "unexpected frame from rank %d: version %u kind %u src %u dst %u (expected %d, %u, %d, %d)",
                     p->peer_rank, h->version, h->kind, h->src_rank, h->dst_rank, SR_WIRE_VERSION, kind,
@@ -192,62 +232,155 @@ static int check_header(const sr_header *h, sr_peer *p, uint8_t kind, sr_error *
     return 0;
 }
 
-/* Read ACKs on tx until the socket would block. */
-static int pump_acks(sr_peer *p, sr_error *err) {
+static void touch(sr_peer *p) { __atomic_store_n(&p->last_heard_ms, now_ms(), __ATOMIC_RELAXED); }
+
+static void raise_fd(int fd) {
+    uint64_t one = 1;
+    if (fd >= 0 && write(fd, &one, sizeof one) < 0) { /* an eventfd write cannot fail here */
+    }
+}
+
+/* Read the ack direction on tx until the socket would block: ACKs, heartbeats, verdicts. The
+ * caller holds in_mu. *acked is set when an ACK moved the window. */
+static int read_control(sr_peer *p, int *acked, sr_error *err) {
     for (;;) {
-        ssize_t n = recv(p->tx_fd, (char *)&p->ack_in + p->ack_in_have, SR_HEADER_BYTES - p->ack_in_have, 0);
+        size_t want = SR_HEADER_BYTES;
+        sr_header h;
+        if (p->ctl_in_have >= SR_HEADER_BYTES) {
+            memcpy(&h, p->ctl_in, sizeof h);
+            want += h.length;
+        }
+        ssize_t n = recv(p->tx_fd, p->ctl_in + p->ctl_in_have, want - p->ctl_in_have, 0);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return 0;
         if (n < 0 && errno == EINTR)
             continue;
-        if (n <= 0)
+        if (n <= 0) {
+            if (n == 0 || errno == ECONNRESET)
+                p->ctl_closed = 1;
             return io_fail(err, p, "waited for an ack from", n);
-        p->ack_in_have += (size_t)n;
-        if (p->ack_in_have < SR_HEADER_BYTES)
+        }
+        touch(p);
+        p->ctl_in_have += (size_t)n;
+        if (p->ctl_in_have < SR_HEADER_BYTES)
             continue;
-        p->ack_in_have = 0;
-        int rc = check_header(&p->ack_in, p, SR_KIND_ACK, err);
-        if (rc)
-            return rc;
-        if (p->ack_in.seq <= p->tx_acked || p->ack_in.seq > p->tx_seq)
-            return sr_fail(err, SR_ESEQ, p->peer_rank, "ack %llu from rank %d out of sequence (acked %llu, sent %llu)",
-                        (unsigned long long)p->ack_in.seq, p->peer_rank, (unsigned long long)p->tx_acked,
-                        (unsigned long long)p->tx_seq);
-        p->tx_acked = p->ack_in.seq;
-        p->stats[5]++;
+        memcpy(&h, p->ctl_in, sizeof h);
+        if (p->ctl_in_have == SR_HEADER_BYTES) { /* the header is complete: check it before its payload */
+            int rc = check_header(&h, p, SR_KIND_ACK, err);
+            if (rc)
+                return rc;
+            if (h.length != (h.kind == SR_KIND_DEAD ? SR_DEAD_BYTES : 0u))
+                return sr_fail(err, SR_EPROTO, p->peer_rank, "control frame kind %u from rank %d has %u bytes",
+                               h.kind, p->peer_rank, h.length);
+        }
+        if (p->ctl_in_have < SR_HEADER_BYTES + h.length)
+            continue;
+        p->ctl_in_have = 0;
+        if (h.kind == SR_KIND_ACK) {
+            if (h.seq <= p->tx_acked || h.seq > p->tx_seq)
+                return sr_fail(err, SR_ESEQ, p->peer_rank, "ack %llu from rank %d out of sequence (acked %llu, sent %llu)",
+                               (unsigned long long)h.seq, p->peer_rank, (unsigned long long)p->tx_acked,
+                               (unsigned long long)p->tx_seq);
+            __atomic_store_n(&p->tx_acked, h.seq, __ATOMIC_RELEASE);
+            p->stats[5]++;
+            *acked = 1;
+        } else if (h.kind == SR_KIND_DEAD) {
+            sr_dead d;
+            memcpy(&d, p->ctl_in + SR_HEADER_BYTES, sizeof d);
+            if (sr_checksum_bytes(&d, sizeof d) != h.payload_sum)
+                return sr_fail(err, SR_ECORRUPT, p->peer_rank, "corrupted verdict from rank %d", p->peer_rank);
+            int rc = keeper_heard_dead(p, &d, err);
+            if (rc)
+                return rc;
+        } else if (h.kind == SR_KIND_BYE) {
+            __atomic_store_n(&p->peer_left, 1, __ATOMIC_RELEASE);
+        } /* a heartbeat only says the peer is there: touch() above */
     }
 }
 
-/* Write the pending ACK (the latest consumed count) on rx until done or it would block. A
- * sender may finish and close before reading our last ack; that is not an error here (a
- * later receive from it fails instead). */
-static int pump_ack_out(sr_peer *p, sr_error *err) {
+/* Read what the peer sent on the ack direction (the calling thread's turn at it). */
+static int pump_acks(sr_peer *p, sr_error *err) {
+    int acked = 0;
+    pthread_mutex_lock(&p->in_mu);
+    int rc = read_control(p, &acked, err);
+    pthread_mutex_unlock(&p->in_mu);
+    return rc;
+}
+
+/* Append one control frame to the pending output (the caller holds out_mu); 0 if it is full. */
+static int queue_out(sr_peer *p, uint8_t kind, uint64_t seq, const void *payload, uint32_t len) {
+    if (p->out_off == p->out_len)
+        p->out_off = p->out_len = 0;
+    if (p->out_len + SR_HEADER_BYTES + len > sizeof p->out)
+        return 0;
+    sr_header h;
+    sr_header_fill(&h, kind, (uint16_t)p->my_rank, (uint16_t)p->peer_rank, seq, payload, len);
+    memcpy(p->out + p->out_len, &h, sizeof h);
+    if (len)
+        memcpy(p->out + p->out_len + SR_HEADER_BYTES, payload, len);
+    p->out_len += SR_HEADER_BYTES + len;
+    return 1;
+}
+
+/* Write the pending control frames on rx until done or it would block (the caller holds
+ * out_mu). `ack`: first queue an ACK of the latest consumed count (a call's receives);
+ * `heartbeat_ms` > 0: queue a heartbeat when nothing went for that long (the keeper). A sender
+ * may finish and close before reading our last ack; that is not an error here (a later receive
+ * from it fails instead). */
+static int flush_out(sr_peer *p, int ack, int heartbeat_ms, sr_error *err) {
     while (!p->rx_gone) {
-        if (p->ack_out_off == p->ack_out_len) {
-            if (p->rx_acked == p->rx_seq)
+        if (p->out_off == p->out_len) {
+            if (ack && p->rx_acked != p->rx_seq) {
+                queue_out(p, SR_KIND_ACK, p->rx_seq, NULL, 0);
+                p->rx_acked = p->rx_seq;
+                p->stats[4]++;
+            } else if (heartbeat_ms > 0 && now_ms() - p->last_sent_ms >= heartbeat_ms) {
+                queue_out(p, SR_KIND_HEARTBEAT, 0, NULL, 0);
+            } else {
                 return 0;
-            sr_header_fill(&p->ack_out, SR_KIND_ACK, (uint16_t)p->my_rank, (uint16_t)p->peer_rank, p->rx_seq, NULL, 0);
-            p->rx_acked = p->rx_seq;
-            p->ack_out_off = 0;
-            p->ack_out_len = SR_HEADER_BYTES;
-            p->stats[4]++;
+            }
         }
-        ssize_t n = send(p->rx_fd, (char *)&p->ack_out + p->ack_out_off, p->ack_out_len - p->ack_out_off,
-                         MSG_NOSIGNAL);
+        ssize_t n = send(p->rx_fd, p->out + p->out_off, p->out_len - p->out_off, MSG_NOSIGNAL);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return 0;
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
             p->rx_gone = 1;
-            p->ack_out_off = p->ack_out_len;
+            p->out_off = p->out_len;
             return 0;
         }
         if (n <= 0)
             return io_fail(err, p, "acked", n);
-        p->ack_out_off += (size_t)n;
+        p->out_off += (size_t)n;
+        p->last_sent_ms = now_ms();
     }
     return 0;
+}
+
+/* Write the pending ACK (the latest consumed count) on rx until done or it would block. */
+static int pump_ack_out(sr_peer *p, sr_error *err) {
+    pthread_mutex_lock(&p->out_mu);
+    int rc = flush_out(p, 1, 0, err);
+    pthread_mutex_unlock(&p->out_mu);
+    return rc;
+}
+
+/* Queue one control frame and write it out within `ms` (the caller holds no lock). */
+static void send_control(sr_peer *p, uint8_t kind, const void *payload, uint32_t len, int ms) {
+    int64_t deadline = now_ms() + ms;
+    sr_error ignored;
+    pthread_mutex_lock(&p->out_mu);
+    int queued = 0;
+    while (!p->rx_gone && now_ms() < deadline) {
+        if (!queued)
+            queued = queue_out(p, kind, 0, payload, len);
+        if (flush_out(p, 0, 0, &ignored) || (queued && p->out_off == p->out_len))
+            break;
+        struct pollfd f = {.fd = p->rx_fd, .events = POLLOUT};
+        poll(&f, 1, 10);
+    }
+    pthread_mutex_unlock(&p->out_mu);
 }
 
 static int send_done(const sendstate *s) { return s->framed == s->len && s->frame_off == s->frame_len; }
@@ -256,7 +389,7 @@ static int pump_send(sendstate *s, sr_error *err) {
     sr_peer *p = s->peer;
     for (;;) {
         if (s->frame_off == s->frame_len) {
-            if (s->framed == s->len || p->tx_seq - p->tx_acked >= p->window)
+            if (s->framed == s->len || p->tx_seq - __atomic_load_n(&p->tx_acked, __ATOMIC_ACQUIRE) >= p->window)
                 return 0; /* nothing left, or the window is full until an ack arrives */
             size_t n = s->len - s->framed < p->slot_bytes ? s->len - s->framed : p->slot_bytes;
             s->frame_payload = s->buf + s->framed;
@@ -383,7 +516,14 @@ static int recv_waits(const recvstate *r, int i) {
     return 0;
 }
 
-static int acks_owed(const sr_peer *p) { return p && !p->rx_gone && p->ack_out_off < p->ack_out_len; }
+static int acks_owed(sr_peer *p) {
+    if (!p || p->rx_gone)
+        return 0;
+    pthread_mutex_lock(&p->out_mu);
+    int owed = p->out_off < p->out_len;
+    pthread_mutex_unlock(&p->out_mu);
+    return owed;
+}
 
 /* Add `events` for fd to the poll set, merging with an entry already there. */
 static void want_fd(struct pollfd *fds, int *nfds, int fd, short events) {
@@ -429,6 +569,10 @@ static int run_lanes(sr_call *c, unsigned sends, unsigned recvs, sr_error *err) 
     int n = c->n;
     for (;;) {
         int rc, finished = 1;
+        for (int i = 0; i < n; i++) /* a peer declared dead anywhere on the ring ends the call */
+            if ((sends >> i & 1u && (rc = keeper_check(s[i].peer, err))) ||
+                (recvs >> i & 1u && (rc = keeper_check(r[i].peer, err))))
+                return rc;
         for (int i = 0; i < n; i++) {
             if (!(sends >> i & 1u) || !s[i].peer || send_done(&s[i]) || send_waits(s, i))
                 continue;
@@ -472,18 +616,26 @@ static int run_lanes(sr_call *c, unsigned sends, unsigned recvs, sr_error *err) 
             return sr_fail(err, SR_ETIMEOUT, r[i].peer->peer_rank, "timed out after %d ms acking rank %d",
                            c->timeout_ms, r[i].peer->peer_rank);
         }
-        struct pollfd fds[3 * SR_MAX_LANES + 1];
+        struct pollfd fds[6 * SR_MAX_LANES + 1];
         int nfds = 0;
         for (int i = 0; i < n; i++) {
             sr_peer *to = s[i].peer, *from = r[i].peer;
             if (sends >> i & 1u && to && !send_done(&s[i])) {
-                /* Wake for acks only when the window is full: until then they can wait. */
-                int open = to->tx_seq - to->tx_acked < to->window;
+                /* Wake for acks only when the window is full: until then they can wait. The
+                 * keeper may read them first: it raises the peer's event_fd then. */
+                int open = to->tx_seq - __atomic_load_n(&to->tx_acked, __ATOMIC_ACQUIRE) < to->window;
                 short ev = open ? 0 : POLLIN;
                 if (!send_waits(s, i) && (s[i].frame_off < s[i].frame_len || open))
                     ev |= POLLOUT;
                 want_fd(fds, &nfds, to->tx_fd, ev);
+                if (!open && to->event_fd >= 0)
+                    want_fd(fds, &nfds, to->event_fd, POLLIN);
             }
+            /* A verdict (never drained) wakes every call at once. */
+            if (sends >> i & 1u && keeper_dead_fd(to) >= 0)
+                want_fd(fds, &nfds, keeper_dead_fd(to), POLLIN);
+            if (recvs >> i & 1u && keeper_dead_fd(from) >= 0)
+                want_fd(fds, &nfds, keeper_dead_fd(from), POLLIN);
             if (!(recvs >> i & 1u))
                 continue;
             int reading = r[i].done < r[i].len && !recv_waits(r, i) && !r[i].held;
@@ -499,6 +651,12 @@ static int run_lanes(sr_call *c, unsigned sends, unsigned recvs, sr_error *err) 
             return sr_fail(err, SR_EIO, -1, "poll: %s", strerror(errno));
         if (got > 0 && c->cancel_fd >= 0 && fds[nfds - 1].revents)
             return -SR_CANCELED;
+        for (int i = 0; got > 0 && i < n; i++) { /* acks the keeper read: drain its wake-up */
+            uint64_t drained;
+            if (sends >> i & 1u && s[i].peer && s[i].peer->event_fd >= 0 &&
+                read(s[i].peer->event_fd, &drained, sizeof drained) < 0) { /* nothing to drain: EAGAIN */
+            }
+        }
     }
 }
 
@@ -702,10 +860,23 @@ int sr_transfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeou
     size_t most = 0;
     for (int gi = 0; gi < c.ngroups; gi++)
         most = c.g[gi].frames > most ? c.g[gi].frames : most;
-    if (c.ngroups > 1 && most > 1 && !run_parallel(&c))
-        return call_outcome(&c, err);
     unsigned all = (1u << n) - 1;
-    return run_lanes(&c, all, all, err);
+    sr_error local;
+    sr_error *e = err ? err : &local;
+    int rc = c.ngroups > 1 && most > 1 && !run_parallel(&c) ? call_outcome(&c, e) : run_lanes(&c, all, all, e);
+    if (rc) { /* the peer it names, for the keeper's verdict */
+        sr_peer *named = NULL;
+        for (int i = 0; i < n && !named; i++) {
+            if (c.s[i].peer && c.s[i].peer->peer_rank == e->peer_rank)
+                named = c.s[i].peer;
+            else if (c.r[i].peer && c.r[i].peer->peer_rank == e->peer_rank)
+                named = c.r[i].peer;
+        }
+        if (!named)
+            named = c.s[0].peer ? c.s[0].peer : c.r[0].peer;
+        rc = keeper_after_failure(named, rc, e);
+    }
+    return rc;
 }
 
 /* One lane: send sbuf[slen] to `to` while receiving rbuf[rlen] from `from`. */
@@ -718,7 +889,291 @@ int sr_transfer(sr_peer *to, const void *sbuf, size_t slen, sr_peer *from, void 
 /* Shut both connections down without freeing: the neighbour sees the link close at once (a
  * failed progress thread aborts its links so the ring fails fast, not after every bound). */
 void sr_peer_abort(sr_peer *p) {
+    __atomic_store_n(&p->aborted, 1, __ATOMIC_RELEASE); /* our own close is no verdict on the peer */
     shutdown(p->tx_fd, SHUT_RDWR);
     if (p->rx_fd != p->tx_fd)
         shutdown(p->rx_fd, SHUT_RDWR);
 }
+
+/* ---- liveness: the keeper thread ------------------------------------------------------------
+ *
+ * One per communicator. Every tick it reads each link's ack direction (heartbeats, verdicts,
+ * and acks a call has not read yet), sends a heartbeat where nothing went for heartbeat_ms, and
+ * judges: a link whose ack direction closed, or that sent nothing for dead_ms, is a dead peer.
+ * It runs whether or not a collective does, so a dead neighbour is noticed within dead_ms on
+ * an idle ring too (a closed connection at once). The first verdict, its own or one a
+ * neighbour sent, is the communicator's: it is sent on to every other neighbour (each rank
+ * forwards the first it gets, so it floods the ring once), and every call on these links fails
+ * with it, naming the rank that actually failed rather than the neighbour that closed after. */
+
+#define SR_KEEPER_PEERS 4
+#define SR_SETTLE_MS 300 /* after a closed link, how long to look for the verdict it may have sent */
+#define SR_SEND_VERDICT_MS 500
+
+typedef struct sr_keeper {
+    sr_peer *peer[SR_KEEPER_PEERS];
+    int n, my_rank, heartbeat_ms, dead_ms;
+    pthread_t thread;
+    int running, stop;
+    int wake_fd; /* ends the thread's poll */
+    int dead_fd; /* raised once, when the verdict is known; never drained */
+    pthread_mutex_t mu;
+    int have; /* the verdict below is set (atomic) */
+    sr_dead verdict;
+    int via; /* the neighbour that told us, or -1: we saw it ourselves */
+} sr_keeper;
+
+static int64_t utc_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int keeper_has(const sr_keeper *k) { return k && __atomic_load_n(&k->have, __ATOMIC_ACQUIRE); }
+
+static int keeper_dead_fd(const sr_peer *p) { return p && p->keeper ? p->keeper->dead_fd : -1; }
+
+/* The verdict as a call's error: -code with err naming the dead rank. */
+static int verdict_error(const sr_keeper *k, sr_error *err) {
+    const sr_dead *d = &k->verdict;
+    if (k->via < 0)
+        return sr_fail(err, d->code, d->dead_rank, "rank %d stopped answering (%s)", d->dead_rank,
+                       d->code == SR_ETIMEOUT ? "nothing heard" : "its connection closed");
+    return sr_fail(err, d->code, d->dead_rank, "rank %d stopped answering (%s; seen by rank %d, told by rank %d)",
+                   d->dead_rank, d->code == SR_ETIMEOUT ? "nothing heard" : "its connection closed", d->reporter,
+                   k->via);
+}
+
+static int keeper_check(const sr_peer *p, sr_error *err) {
+    if (!p || !keeper_has(p->keeper))
+        return 0;
+    return verdict_error(p->keeper, err);
+}
+
+/* Record the first verdict and pass it on to every neighbour but the dead one and the teller;
+ * 1 if this one was the first. */
+static int keeper_publish(sr_keeper *k, const sr_dead *d, int via) {
+    pthread_mutex_lock(&k->mu);
+    int first = !k->have;
+    if (first) {
+        k->verdict = *d;
+        k->via = via;
+        __atomic_store_n(&k->have, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&k->mu);
+    if (!first)
+        return 0;
+    for (int i = 0; i < k->n; i++) {
+        sr_peer *q = k->peer[i];
+        if (q->peer_rank != d->dead_rank && q->peer_rank != via && !__atomic_load_n(&q->aborted, __ATOMIC_ACQUIRE))
+            send_control(q, SR_KIND_DEAD, d, SR_DEAD_BYTES, SR_SEND_VERDICT_MS);
+    }
+    raise_fd(k->dead_fd);
+    return 1;
+}
+
+/* This rank saw its neighbour p die: `code` SR_ECLOSED or SR_ETIMEOUT. */
+static void keeper_saw(sr_keeper *k, sr_peer *p, int code, int64_t silent_ms) {
+    sr_dead d = {.dead_rank = (uint16_t)p->peer_rank, .reporter = (uint16_t)k->my_rank, .cage = (uint16_t)p->cage,
+                 .code = (uint16_t)code, .addr = p->addr, .silent_ms = (uint32_t)silent_ms, .at_ms = (uint64_t)utc_ms()};
+    keeper_publish(k, &d, -1);
+}
+
+/* A neighbour's verdict arrived on p's ack direction. */
+static int keeper_heard_dead(sr_peer *p, const sr_dead *d, sr_error *err) {
+    if (!p->keeper) /* a bare link (the protocol tests): the verdict is the error */
+        return sr_fail(err, d->code, d->dead_rank, "rank %d stopped answering (seen by rank %d)", d->dead_rank,
+                       d->reporter);
+    if (d->dead_rank == p->my_rank) /* about us (a cable cut both ways, say): our own verdict comes */
+        return 0;
+    keeper_publish(p->keeper, d, p->peer_rank);
+    return 0;
+}
+
+/* A call failed naming p: the ring's verdict if there is one, or one it may be about to send
+ * (a neighbour that saw another rank die tells us before it closes), else this failure, as
+ * our own verdict on p when it closed or timed out. */
+static int keeper_after_failure(sr_peer *p, int rc, sr_error *err) {
+    if (!p || !p->keeper || rc == -SR_CANCELED)
+        return rc;
+    sr_keeper *k = p->keeper;
+    if (!keeper_has(k) && rc == -SR_ECLOSED) {
+        int64_t until = now_ms() + SR_SETTLE_MS;
+        while (!keeper_has(k) && !p->ctl_closed && now_ms() < until) {
+            struct pollfd f = {.fd = p->tx_fd, .events = POLLIN};
+            poll(&f, 1, 10);
+            sr_error ignored;
+            if (pump_acks(p, &ignored) && !keeper_has(k))
+                break;
+        }
+    }
+    if (!keeper_has(k) && rc == -SR_ETIMEOUT &&
+        now_ms() - __atomic_load_n(&p->last_heard_ms, __ATOMIC_RELAXED) < k->dead_ms) {
+        /* The peer still answers our keeper: it is waiting on someone else. That rank's
+         * neighbours will say who (within the bound); their verdict is the one to report. */
+        struct pollfd f = {.fd = k->dead_fd, .events = POLLIN};
+        poll(&f, 1, k->dead_ms);
+    }
+    if (!keeper_has(k) && (rc == -SR_ECLOSED || rc == -SR_ETIMEOUT) && err->peer_rank == p->peer_rank &&
+        !__atomic_load_n(&p->peer_left, __ATOMIC_ACQUIRE))
+        keeper_saw(k, p, -rc, now_ms() - __atomic_load_n(&p->last_heard_ms, __ATOMIC_RELAXED));
+    return keeper_has(k) ? verdict_error(k, err) : rc;
+}
+
+static void keeper_tick(sr_keeper *k) {
+    for (int i = 0; i < k->n; i++) {
+        sr_peer *p = k->peer[i];
+        if (__atomic_load_n(&p->aborted, __ATOMIC_ACQUIRE))
+            continue;
+        sr_error ignored;
+        if (!p->ctl_closed && pthread_mutex_trylock(&p->in_mu) == 0) {
+            int acked = 0;
+            read_control(p, &acked, &ignored);
+            pthread_mutex_unlock(&p->in_mu);
+            if (acked)
+                raise_fd(p->event_fd);
+        }
+        if (pthread_mutex_trylock(&p->out_mu) == 0) {
+            flush_out(p, 0, k->heartbeat_ms, &ignored);
+            pthread_mutex_unlock(&p->out_mu);
+        }
+        if (keeper_has(k) || __atomic_load_n(&p->peer_left, __ATOMIC_ACQUIRE))
+            continue;
+        int64_t silent = now_ms() - __atomic_load_n(&p->last_heard_ms, __ATOMIC_RELAXED);
+        if (p->ctl_closed)
+            keeper_saw(k, p, SR_ECLOSED, silent);
+        else if (silent > k->dead_ms)
+            keeper_saw(k, p, SR_ETIMEOUT, silent);
+    }
+}
+
+static void *keeper_main(void *arg) {
+    sr_keeper *k = arg;
+    int tick = k->heartbeat_ms / 4 < 10 ? 10 : k->heartbeat_ms / 4 > 250 ? 250 : k->heartbeat_ms / 4;
+    while (!__atomic_load_n(&k->stop, __ATOMIC_ACQUIRE)) {
+        struct pollfd fds[SR_KEEPER_PEERS + 1];
+        for (int i = 0; i < k->n; i++) { /* wake at once when a link closes or a verdict comes */
+            sr_peer *p = k->peer[i];
+            int watch = !p->ctl_closed && !__atomic_load_n(&p->aborted, __ATOMIC_ACQUIRE) &&
+                        !__atomic_load_n(&p->peer_left, __ATOMIC_ACQUIRE);
+            fds[i] = (struct pollfd){.fd = watch ? p->tx_fd : -1, .events = POLLIN};
+        }
+        fds[k->n] = (struct pollfd){.fd = k->wake_fd, .events = POLLIN};
+        poll(fds, (nfds_t)k->n + 1, tick);
+        if (__atomic_load_n(&k->stop, __ATOMIC_ACQUIRE))
+            break;
+        keeper_tick(k);
+        /* A readable link the tick could not read (a call held it) would spin the poll. */
+        for (int i = 0; i < k->n; i++)
+            if (fds[i].revents && !k->peer[i]->ctl_closed) {
+                struct timespec ts = {0, 1000000};
+                nanosleep(&ts, NULL);
+                break;
+            }
+    }
+    return NULL;
+}
+
+/* Watch `peers` (a communicator's links): heartbeats every heartbeat_ms, a peer dead after
+ * dead_ms of silence. NULL on bad arguments. The peers must outlive the keeper. */
+sr_keeper *sr_keeper_new(sr_peer *const *peers, int n, int heartbeat_ms, int dead_ms) {
+    if (n < 1 || n > SR_KEEPER_PEERS || heartbeat_ms < 1 || dead_ms <= heartbeat_ms)
+        return NULL;
+    sr_keeper *k = calloc(1, sizeof *k);
+    if (!k)
+        return NULL;
+    k->n = n;
+    k->heartbeat_ms = heartbeat_ms;
+    k->dead_ms = dead_ms;
+    k->via = -1;
+    k->my_rank = peers[0]->my_rank;
+    k->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    k->dead_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pthread_mutex_init(&k->mu, NULL);
+    int64_t now = now_ms();
+    for (int i = 0; i < n; i++) {
+        k->peer[i] = peers[i];
+        __atomic_store_n(&peers[i]->last_heard_ms, now, __ATOMIC_RELAXED);
+        peers[i]->keeper = k;
+    }
+    return k;
+}
+
+int sr_keeper_start(sr_keeper *k) {
+    if (k->running)
+        return 0;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* signals belong to the caller's threads */
+    int rc = pthread_create(&k->thread, NULL, keeper_main, k);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc)
+        return -SR_EIO;
+    k->running = 1;
+    return 0;
+}
+
+/* Stop the thread and let go of the peers (before they are freed). */
+void sr_keeper_free(sr_keeper *k) {
+    if (!k)
+        return;
+    if (k->running) {
+        __atomic_store_n(&k->stop, 1, __ATOMIC_RELEASE);
+        raise_fd(k->wake_fd);
+        pthread_join(k->thread, NULL);
+    }
+    for (int i = 0; i < k->n; i++)
+        k->peer[i]->keeper = NULL;
+    close(k->wake_fd);
+    close(k->dead_fd);
+    pthread_mutex_destroy(&k->mu);
+    free(k);
+}
+
+/* 1 and the verdict (and the neighbour that told us, -1 if we saw it) once there is one. */
+int sr_keeper_verdict(sr_keeper *k, sr_dead *out, int *via) {
+    pthread_mutex_lock(&k->mu);
+    int have = k->have;
+    if (have) {
+        *out = k->verdict;
+        *via = k->via;
+    }
+    pthread_mutex_unlock(&k->mu);
+    return have;
+}
+
+/* Test hook: the seconds since each peer was last heard from (to show heartbeats arrive). */
+void sr_keeper_silence_ms(const sr_keeper *k, int64_t out[SR_KEEPER_PEERS]) {
+    int64_t now = now_ms();
+    for (int i = 0; i < k->n; i++)
+        out[i] = now - __atomic_load_n(&k->peer[i]->last_heard_ms, __ATOMIC_RELAXED);
+}
+
+/* What the Python mirrors of this library's structs are checked against when it loads
+ * (sr_layout.h, transport/layout.py). */
+static const sr_layout_entry engine_layout[] = {
+    SR_LAYOUT_SIZE(sr_error),
+    SR_LAYOUT_FIELD(sr_error, code),
+    SR_LAYOUT_FIELD(sr_error, peer_rank),
+    SR_LAYOUT_FIELD(sr_error, message),
+    SR_LAYOUT_SIZE(sr_lane),
+    SR_LAYOUT_FIELD(sr_lane, to),
+    SR_LAYOUT_FIELD(sr_lane, sbuf),
+    SR_LAYOUT_FIELD(sr_lane, slen),
+    SR_LAYOUT_FIELD(sr_lane, from),
+    SR_LAYOUT_FIELD(sr_lane, rbuf),
+    SR_LAYOUT_FIELD(sr_lane, rlen),
+    SR_LAYOUT_SIZE(sr_dead),
+    SR_LAYOUT_FIELD(sr_dead, dead_rank),
+    SR_LAYOUT_FIELD(sr_dead, reporter),
+    SR_LAYOUT_FIELD(sr_dead, cage),
+    SR_LAYOUT_FIELD(sr_dead, code),
+    SR_LAYOUT_FIELD(sr_dead, addr),
+    SR_LAYOUT_FIELD(sr_dead, silent_ms),
+    SR_LAYOUT_FIELD(sr_dead, at_ms),
+    SR_LAYOUT_CONST(SR_MAX_LANES),
+    SR_LAYOUT_CONST(SR_KEEPER_PEERS),
+    SR_LAYOUT_END,
+};
+
+const sr_layout_entry *sr_engine_layout(void) { return engine_layout; }

@@ -2,10 +2,11 @@
  * a CUDA graph.
  *
  * One call is: copy the input into the mapped host arena; one thread posts a command on the
- * command ring (sr_cmdring.h) with a sequence taken from a device-side counter, so every graph
- * replay posts a fresh one; the stream waits until the native progress thread (sr_progress.c)
- * answers; then the result is copied out of the arena. Small messages copy inside the kernels
- * (zero-copy loads and stores on the mapped arena); large ones use the copy engines.
+ * command ring (sr_cmdring.h; the host producer's routine, sr_post.h) with a sequence taken from
+ * a device-side counter, so every graph replay posts a fresh one; the stream waits until the
+ * native progress thread (sr_progress.c) answers; then the result is copied out of the arena.
+ * Small messages copy inside the kernels (zero-copy loads and stores on the mapped arena); large
+ * ones use the copy engines.
  *
  * Two ways to wait, chosen per call:
  *   STREAM: the post kernel exits; the stream waits on the ring's wake word with a stream
@@ -25,9 +26,10 @@
 #include <string.h>
 
 #include "sr_cmdring.h"
+#include "sr_layout.h"
+#include "sr_post.h"
+#include "sr_status.h"
 
-#define SR_GPU_ETIMEOUT 1 /* enum sr_status SR_ETIMEOUT (sr_wire.h) */
-#define SR_GPU_ESEQ 4     /* enum sr_status SR_ESEQ */
 #define SR_GPU_THREADS 1024
 enum { SR_WAIT_STREAM = 0, SR_WAIT_SPIN = 1 };
 
@@ -45,28 +47,13 @@ typedef struct sr_gpu_call {
     uint32_t wait, pad; /* SR_WAIT_STREAM or SR_WAIT_SPIN */
     uint64_t timeout_ns; /* SPIN's own bound: the progress thread's, plus a margin */
     int *status;         /* mapped host word: the first failure status this stream saw */
+    uint64_t chunk;      /* > 0: pipelined (the plan's chunk; copies of this size, see below) */
 } sr_gpu_call;
-
-__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t *p) {
-    uint64_t v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
 
 __device__ __forceinline__ uint32_t ld_acquire_sys_u32(const uint32_t *p) {
     uint32_t v;
     asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
-}
-
-__device__ __forceinline__ void st_release_sys(uint64_t *p, uint64_t v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
 }
 
 /* Block-wide copy; `fresh` reads bypass the caches (the host wrote those bytes). */
@@ -95,35 +82,22 @@ __device__ void note_failure(int *status, int st) {
     __threadfence_system();
 }
 
-/* Post one command (one thread); returns its sequence, or 0 when the slot stayed busy. */
+/* Post one command (one thread) with the host producer's routine (sr_post.h), its sequence
+ * from the device-side counter; returns the sequence, or 0 when the slot stayed busy. */
 __device__ uint64_t post(const sr_gpu_call &c) {
     uint64_t seq = atomicAdd(c.counter, 1ULL) + 1;
-    unsigned slot = (unsigned)(seq % SR_RING_SLOTS);
-    sr_done *d = &c.ring->done[slot];
-    sr_cmd *cmd = &c.ring->cmd[slot];
-    uint64_t start = globaltimer_ns();
-    while (seq > SR_RING_SLOTS && ld_acquire_sys(&d->seq) < seq - SR_RING_SLOTS) {
-        if (globaltimer_ns() - start > c.timeout_ns) {
-            note_failure(c.status, SR_GPU_ETIMEOUT);
-            return 0;
-        }
+    sr_cmd cmd = {0, c.plan, c.op, c.dtype, 0, c.count, c.in_off, c.out_off, {0, 0}};
+    if (sr_cmdring_post(c.ring, seq, &cmd, c.timeout_ns)) {
+        note_failure(c.status, SR_ETIMEOUT);
+        return 0;
     }
-    volatile sr_cmd *v = cmd;
-    v->plan = c.plan;
-    v->op = c.op;
-    v->dtype = c.dtype;
-    v->count = c.count;
-    v->in_off = c.in_off;
-    v->out_off = c.out_off;
-    st_release_sys(&cmd->seq, seq);
-    st_release_sys(&c.ring->doorbell, seq);
     return seq;
 }
 
 /* The answer to `seq` (already published): its status, noted for the host when nonzero. */
 __device__ int answer_status(const sr_gpu_call &c, uint64_t seq) {
     const sr_done *d = &c.ring->done[seq % SR_RING_SLOTS];
-    int st = ld_acquire_sys(&d->seq) == seq ? ((volatile const sr_done *)d)->status : SR_GPU_ESEQ;
+    int st = sr_load_acquire_u64(&d->seq) == seq ? ((volatile const sr_done *)d)->status : SR_ESEQ;
     if (st)
         note_failure(c.status, st);
     return st;
@@ -134,13 +108,13 @@ __device__ int answer_status(const sr_gpu_call &c, uint64_t seq) {
 __device__ int post_and_wait(const sr_gpu_call &c) {
     uint64_t seq = post(c);
     if (!seq)
-        return SR_GPU_ETIMEOUT;
+        return SR_ETIMEOUT;
     uint32_t *wake = &c.ring->wake;
-    uint64_t start = globaltimer_ns();
+    uint64_t start = sr_now_ns();
     while (ld_acquire_sys_u32(wake) != 1u) {
-        if (globaltimer_ns() - start > c.timeout_ns) {
-            note_failure(c.status, SR_GPU_ETIMEOUT);
-            return SR_GPU_ETIMEOUT;
+        if (sr_now_ns() - start > c.timeout_ns) {
+            note_failure(c.status, SR_ETIMEOUT);
+            return SR_ETIMEOUT;
         }
     }
     *(volatile uint32_t *)wake = 0u;
@@ -189,19 +163,23 @@ __global__ void sr_finish_kernel(sr_gpu_call c) {
         block_copy((unsigned char *)c.dst, c.arena_dev + c.out_off, c.out_bytes, true);
 }
 
-typedef CUresult (*wait_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-static wait_value_fn wait_value;
+typedef CUresult (*stream_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+static stream_value_fn wait_value, write_value;
 
-/* The driver's stream wait, through the runtime (no link against libcuda). */
-static int load_stream_wait(void) {
-    if (wait_value)
+static int load_entry(const char *name, stream_value_fn *fn) {
+    if (*fn)
         return 0;
     cudaDriverEntryPointQueryResult q;
-    cudaError_t e = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", (void **)&wait_value, 12000,
-                                                     cudaEnableDefault, &q);
+    cudaError_t e = cudaGetDriverEntryPointByVersion(name, (void **)fn, 12000, cudaEnableDefault, &q);
     if (e == cudaSuccess && q != cudaDriverEntryPointSuccess)
         e = cudaErrorSymbolNotFound;
     return (int)e;
+}
+
+/* The driver's stream memory operations, through the runtime (no link against libcuda). */
+static int load_stream_ops(void) {
+    int e = load_entry("cuStreamWaitValue32", &wait_value);
+    return e ? e : load_entry("cuStreamWriteValue32", &write_value);
 }
 
 static int use_device(int device) {
@@ -246,12 +224,58 @@ int sr_gpu_counter_new(int device, void **dev) {
 
 int sr_gpu_counter_free(void *dev) { return (int)cudaFree(dev); }
 
+/* PIPELINED (c.chunk > 0, copy engines): lower in_ready and out_ready and post, then copy the
+ * input in chunk by chunk, raising in_ready after each, so the progress thread sends chunk k
+ * while chunk k+1 crosses PCIe; then copy the result out chunk by chunk as out_ready announces
+ * each (a GEQ stream wait; the values are constants a graph holds); then wait for the answer
+ * as STREAM does. */
+static int enqueue_pipelined(cudaStream_t stream, const sr_gpu_call &c) {
+    int e = load_stream_ops();
+    if (e)
+        return e;
+    CUstream s = (CUstream)stream;
+    CUdeviceptr in_ready = (CUdeviceptr)(uintptr_t)&c.ring->in_ready;
+    CUdeviceptr out_ready = (CUdeviceptr)(uintptr_t)&c.ring->out_ready;
+    CUdeviceptr wake = (CUdeviceptr)(uintptr_t)&c.ring->wake;
+    if (write_value(s, in_ready, 0, CU_STREAM_WRITE_VALUE_DEFAULT) ||
+        write_value(s, out_ready, 0, CU_STREAM_WRITE_VALUE_DEFAULT))
+        return (int)cudaErrorLaunchFailure;
+    sr_post_kernel<<<1, 32, 0, stream>>>(c);
+    cudaError_t r = cudaGetLastError();
+    for (uint64_t k = 0, off = 0; r == cudaSuccess && off < c.in_bytes; k++, off += c.chunk) {
+        uint64_t n = c.in_bytes - off < c.chunk ? c.in_bytes - off : c.chunk;
+        r = cudaMemcpyAsync(c.arena_host + c.in_off + off, (const unsigned char *)c.src + off, n,
+                            cudaMemcpyDeviceToHost, stream);
+        if (r == cudaSuccess && write_value(s, in_ready, (cuuint32_t)(k + 1), CU_STREAM_WRITE_VALUE_DEFAULT))
+            r = cudaErrorLaunchFailure;
+    }
+    for (uint64_t k = 0, off = 0; r == cudaSuccess && off < c.out_bytes; k++, off += c.chunk) {
+        uint64_t n = c.out_bytes - off < c.chunk ? c.out_bytes - off : c.chunk;
+        if (wait_value(s, out_ready, (cuuint32_t)(k + 1), CU_STREAM_WAIT_VALUE_GEQ))
+            r = cudaErrorLaunchFailure;
+        else
+            r = cudaMemcpyAsync((unsigned char *)c.dst + off, c.arena_host + c.out_off + off, n,
+                                cudaMemcpyHostToDevice, stream);
+    }
+    if (r == cudaSuccess && wait_value(s, wake, 1, CU_STREAM_WAIT_VALUE_EQ))
+        r = cudaErrorLaunchFailure;
+    if (r == cudaSuccess) {
+        sr_finish_kernel<<<1, 32, 0, stream>>>(c);
+        r = cudaGetLastError();
+    }
+    return (int)r;
+}
+
 /* Enqueue one collective on `stream` (a torch stream's cuda_stream); capturable. */
 int sr_gpu_collective(int device, cudaStream_t stream, const sr_gpu_call *call) {
     int e = use_device(device);
     if (e)
         return e;
     sr_gpu_call c = *call;
+    if (c.chunk) {
+        c.fused = 0;
+        return enqueue_pipelined(stream, c);
+    }
     unsigned threads = c.fused ? SR_GPU_THREADS : 32;
     cudaError_t r = cudaSuccess;
     if (!c.fused)
@@ -261,7 +285,7 @@ int sr_gpu_collective(int device, cudaStream_t stream, const sr_gpu_call *call) 
     if (c.wait == SR_WAIT_SPIN) {
         sr_collective_kernel<<<1, threads, 0, stream>>>(c);
     } else {
-        if ((e = load_stream_wait()))
+        if ((e = load_stream_ops()))
             return e;
         CUdeviceptr wake = (CUdeviceptr)(uintptr_t)&c.ring->wake;
         sr_post_kernel<<<1, threads, 0, stream>>>(c);
@@ -277,5 +301,33 @@ int sr_gpu_collective(int device, cudaStream_t stream, const sr_gpu_call *call) 
 }
 
 const char *sr_gpu_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+
+/* What transport/gpu.py's GpuCall is checked against when this library loads (sr_layout.h). */
+static const sr_layout_entry gpu_layout[] = {
+    SR_LAYOUT_SIZE(sr_gpu_call),
+    SR_LAYOUT_FIELD(sr_gpu_call, ring),
+    SR_LAYOUT_FIELD(sr_gpu_call, counter),
+    SR_LAYOUT_FIELD(sr_gpu_call, arena_dev),
+    SR_LAYOUT_FIELD(sr_gpu_call, arena_host),
+    SR_LAYOUT_FIELD(sr_gpu_call, src),
+    SR_LAYOUT_FIELD(sr_gpu_call, dst),
+    SR_LAYOUT_FIELD(sr_gpu_call, in_bytes),
+    SR_LAYOUT_FIELD(sr_gpu_call, out_bytes),
+    SR_LAYOUT_FIELD(sr_gpu_call, count),
+    SR_LAYOUT_FIELD(sr_gpu_call, in_off),
+    SR_LAYOUT_FIELD(sr_gpu_call, out_off),
+    SR_LAYOUT_FIELD(sr_gpu_call, plan),
+    SR_LAYOUT_FIELD(sr_gpu_call, op),
+    SR_LAYOUT_FIELD(sr_gpu_call, dtype),
+    SR_LAYOUT_FIELD(sr_gpu_call, fused),
+    SR_LAYOUT_FIELD(sr_gpu_call, wait),
+    SR_LAYOUT_FIELD(sr_gpu_call, pad),
+    SR_LAYOUT_FIELD(sr_gpu_call, timeout_ns),
+    SR_LAYOUT_FIELD(sr_gpu_call, status),
+    SR_LAYOUT_FIELD(sr_gpu_call, chunk),
+    SR_LAYOUT_END,
+};
+
+const sr_layout_entry *sr_gpu_layout(void) { return gpu_layout; }
 
 }

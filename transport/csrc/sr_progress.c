@@ -1,12 +1,13 @@
 /* SparkRing progress thread: runs the collectives a producer posts on a command ring.
  *
  * The producer is a GPU kernel on the caller's stream (transport/csrc/sr_gpu.cu) or a host
- * thread (sr_ring_post below; the tests and the rxe lane use it). The thread is native so
- * the hot path never waits for the GIL. It is fabric-agnostic: it is handed an engine's
- * sr_transfer_lanes (tcp: sr_engine.c, verbs: sr_verbs.c) and that engine's peer handles,
- * and runs each command's plan: a fixed list of steps, built once per collective shape by
- * transport/plan.py from the same schedule the host collectives use (transport/schedule.py),
- * over one arena the producer fills and reads back. The bytes are therefore the host path's.
+ * thread (sr_ring_post below; the tests and the rxe lane use it); both post through one
+ * routine, sr_post.h. The thread is native so the hot path never waits for the GIL. It is
+ * fabric-agnostic: it is handed an engine's sr_transfer_lanes (tcp: sr_engine.c, verbs:
+ * sr_verbs.c) and that engine's peer handles, and runs each command's plan: a fixed list of
+ * steps, built once per collective shape by transport/plan.py from the same schedule the host
+ * collectives use (transport/schedule.py), over one arena the producer fills and reads back.
+ * The bytes are therefore the host path's.
  *
  * Every wait is bounded. The first failure (a dead or stalled peer, a corrupt frame, a
  * refused command) marks the ring failed, aborts every link (so the neighbours fail fast
@@ -19,6 +20,8 @@
 #include <time.h>
 
 #include "sr_cmdring.h"
+#include "sr_layout.h"
+#include "sr_post.h"
 #include "sr_wire.h"
 
 enum { SR_STEP_LANES = 0, SR_STEP_COPY = 1 };
@@ -32,9 +35,13 @@ typedef struct sr_step_lane {
 } sr_step_lane;
 
 /* One engine call (kind LANES: op COPY or ADD over up to SR_MAX_LANES lanes), or a copy
- * inside the arena (kind COPY: lane[0].slen bytes from soff to roff). */
+ * inside the arena (kind COPY: lane[0].slen bytes from soff to roff). A pipelined plan's
+ * step first waits until the ring's in_ready reaches need_in (the input chunks it touches
+ * are in the arena), and afterwards raises out_ready to out_ready (the result chunks it
+ * finished); 0 means neither (transport/plan.py computes both). */
 typedef struct sr_step {
-    int32_t kind, op, nlanes, pad;
+    int32_t kind, op, nlanes;
+    uint32_t need_in, out_ready, pad;
     sr_step_lane lane[SR_MAX_LANES];
 } sr_step;
 
@@ -48,8 +55,11 @@ typedef int (*sr_transfer_fn)(const sr_lane *lanes, int n, int op, int dtype, in
 typedef void (*sr_abort_fn)(void *peer);
 
 #define SR_PROGRESS_PEERS 4
-#define SR_STATS (SR_MAX_LABELS + 4)
-enum { ST_ERRORS = SR_MAX_LABELS, ST_REFUSED, ST_STEPS, ST_LAST_SEQ };
+/* After the per-label counts: errors, refused commands, engine steps, the last sequence answered,
+ * then where the time goes (ns): running plans (a command seen to its answer), and the part of
+ * it pipelined steps spent waiting for the producer's input copies. */
+#define SR_STATS (SR_MAX_LABELS + 6)
+enum { ST_ERRORS = SR_MAX_LABELS, ST_REFUSED, ST_STEPS, ST_LAST_SEQ, ST_PLAN_NS, ST_INPUT_WAIT_NS };
 
 typedef struct sr_progress {
     sr_cmdring *ring;
@@ -70,26 +80,14 @@ typedef struct sr_progress {
     uint64_t stats[SR_STATS];
 } sr_progress;
 
-static int64_t now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static void relax(void) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
+static int64_t now_us(void) { return (int64_t)(sr_now_ns() / 1000); } /* sr_post.h's one clock */
 
 /* Idle policy: spin (the lowest latency), then yield, then sleep in short slices so an idle
  * ring costs no core. `idle_us` is how long nothing has arrived. */
 static void idle_wait(int64_t idle_us, int spin_us) {
     if (idle_us < spin_us) {
         for (int i = 0; i < 64; i++)
-            relax();
+            sr_spin_pause();
     } else if (idle_us < spin_us + 2000) {
         sched_yield();
     } else {
@@ -161,12 +159,32 @@ int sr_progress_add_plan(sr_progress *p, uint32_t kind, uint32_t dtype, uint32_t
     return (int)id;
 }
 
+/* Wait (bounded) until the producer has put the input's first `need` chunks in the arena. */
+static int wait_input(sr_progress *p, uint32_t need, int64_t deadline, sr_error *err) {
+    uint64_t t0 = sr_now_ns();
+    int64_t start = (int64_t)(t0 / 1000);
+    while (__atomic_load_n(&p->ring->in_ready, __ATOMIC_ACQUIRE) < need) {
+        int64_t t = now_us();
+        if (t > deadline)
+            return sr_fail(err, SR_ETIMEOUT, -1, "command ring: input chunk %u never reached the arena (%u arrived)",
+                           need, __atomic_load_n(&p->ring->in_ready, __ATOMIC_ACQUIRE));
+        idle_wait(t - start, p->spin_us);
+    }
+    p->stats[ST_INPUT_WAIT_NS] += sr_now_ns() - t0;
+    return 0;
+}
+
 static int run_plan(sr_progress *p, const sr_plan *pl, sr_error *err) {
     int64_t deadline = now_us() + (int64_t)p->timeout_ms * 1000;
     for (uint32_t s = 0; s < pl->nsteps; s++) {
         const sr_step *st = &pl->steps[s];
+        int rc = st->need_in ? wait_input(p, st->need_in, deadline, err) : 0;
+        if (rc)
+            return rc;
         if (st->kind == SR_STEP_COPY) {
             memmove(p->arena + st->lane[0].roff, p->arena + st->lane[0].soff, st->lane[0].slen);
+            if (st->out_ready)
+                __atomic_store_n(&p->ring->out_ready, st->out_ready, __ATOMIC_RELEASE);
             continue;
         }
         sr_lane lanes[SR_MAX_LANES];
@@ -177,9 +195,11 @@ static int run_plan(sr_progress *p, const sr_plan *pl, sr_error *err) {
         int64_t left_ms = (deadline - now_us()) / 1000;
         if (left_ms < 1)
             left_ms = 1; /* the engine reports the timeout, naming the peer it waited for */
-        int rc = p->transfer(lanes, st->nlanes, st->op, (int)pl->dtype, (int)left_ms, err);
+        rc = p->transfer(lanes, st->nlanes, st->op, (int)pl->dtype, (int)left_ms, err);
         if (rc)
             return rc;
+        if (st->out_ready)
+            __atomic_store_n(&p->ring->out_ready, st->out_ready, __ATOMIC_RELEASE);
         p->stats[ST_STEPS]++;
     }
     return 0;
@@ -187,6 +207,10 @@ static int run_plan(sr_progress *p, const sr_plan *pl, sr_error *err) {
 
 static void answer(sr_cmdring *r, uint64_t seq, int status, int peer) {
     sr_done *d = &r->done[seq % SR_RING_SLOTS];
+    /* A failure leaves out_ready past every chunk, so no stream waits on it (the producer
+     * lowers it again before its next post). */
+    if (status)
+        __atomic_store_n(&r->out_ready, SR_READY_FAILED, __ATOMIC_RELEASE);
     d->status = status;
     d->peer = peer;
     __atomic_store_n(&d->seq, seq, __ATOMIC_RELEASE);
@@ -236,7 +260,9 @@ static void drain(sr_progress *p, uint64_t bell) {
             p->stats[ST_REFUSED]++;
             fail(p, &err);
         } else if (!rc) {
+            uint64_t t0 = sr_now_ns();
             rc = run_plan(p, &p->plans[c.plan], &err);
+            p->stats[ST_PLAN_NS] += sr_now_ns() - t0;
             if (rc) {
                 p->stats[ST_ERRORS]++;
                 fail(p, &err);
@@ -317,8 +343,9 @@ int sr_progress_failure(const sr_progress *p, sr_error *out) {
     return 1;
 }
 
-/* Per-label completions, then errors, refused commands, engine steps and the last sequence
- * answered. Read while the thread runs: each value is a plain word, read whole. */
+/* Per-label completions, then errors, refused commands, engine steps, the last sequence answered,
+ * the ns spent running plans and the ns of it spent waiting for input chunks. Read while the
+ * thread runs: each value is a plain word, read whole. */
 void sr_progress_stats(const sr_progress *p, uint64_t out[SR_STATS]) {
     for (int i = 0; i < SR_STATS; i++)
         out[i] = __atomic_load_n(&p->stats[i], __ATOMIC_RELAXED);
@@ -326,26 +353,10 @@ void sr_progress_stats(const sr_progress *p, uint64_t out[SR_STATS]) {
 
 /* ---- the host producer: what the GPU kernel does, for host threads and the tests ---- */
 
-/* Post `c` as sequence `seq` once its slot is free (the command SR_RING_SLOTS before it was
- * answered), within timeout_ms: 0, or -SR_ETIMEOUT when the ring stayed full. */
+/* Post `c` as sequence `seq` (sr_post.h, the GPU producer's routine too) within timeout_ms: 0,
+ * or -SR_ETIMEOUT when the ring stayed full. */
 int sr_ring_post(sr_cmdring *r, uint64_t seq, const sr_cmd *c, int timeout_ms) {
-    sr_cmd *slot = &r->cmd[seq % SR_RING_SLOTS];
-    sr_done *d = &r->done[seq % SR_RING_SLOTS];
-    int64_t deadline = now_us() + (int64_t)timeout_ms * 1000;
-    while (seq > SR_RING_SLOTS && __atomic_load_n(&d->seq, __ATOMIC_ACQUIRE) < seq - SR_RING_SLOTS) {
-        if (now_us() > deadline)
-            return -SR_ETIMEOUT;
-        relax();
-    }
-    slot->plan = c->plan;
-    slot->op = c->op;
-    slot->dtype = c->dtype;
-    slot->count = c->count;
-    slot->in_off = c->in_off;
-    slot->out_off = c->out_off;
-    __atomic_store_n(&slot->seq, seq, __ATOMIC_RELEASE);
-    __atomic_store_n(&r->doorbell, seq, __ATOMIC_RELEASE);
-    return 0;
+    return -sr_cmdring_post(r, seq, c, (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u);
 }
 
 /* Wait (bounded) for the answer to `seq`: its status (0 or a code), -SR_ETIMEOUT if none came. */
@@ -379,3 +390,43 @@ int sr_progress_submit(sr_progress *p, uint32_t plan, int timeout_ms, uint64_t *
     }
     return rc;
 }
+
+/* What the Python mirrors of the command ring and the plan steps are checked against when this
+ * library loads (sr_layout.h, transport/layout.py). */
+static const sr_layout_entry progress_layout[] = {
+    SR_LAYOUT_SIZE(sr_step_lane),
+    SR_LAYOUT_FIELD(sr_step_lane, to),
+    SR_LAYOUT_FIELD(sr_step_lane, soff),
+    SR_LAYOUT_FIELD(sr_step_lane, slen),
+    SR_LAYOUT_FIELD(sr_step_lane, from),
+    SR_LAYOUT_FIELD(sr_step_lane, roff),
+    SR_LAYOUT_FIELD(sr_step_lane, rlen),
+    SR_LAYOUT_SIZE(sr_step),
+    SR_LAYOUT_FIELD(sr_step, kind),
+    SR_LAYOUT_FIELD(sr_step, op),
+    SR_LAYOUT_FIELD(sr_step, nlanes),
+    SR_LAYOUT_FIELD(sr_step, need_in),
+    SR_LAYOUT_FIELD(sr_step, out_ready),
+    SR_LAYOUT_FIELD(sr_step, pad),
+    SR_LAYOUT_FIELD(sr_step, lane),
+    SR_LAYOUT_SIZE(sr_cmd),
+    SR_LAYOUT_FIELD(sr_cmd, seq),
+    SR_LAYOUT_FIELD(sr_cmd, plan),
+    SR_LAYOUT_FIELD(sr_cmd, op),
+    SR_LAYOUT_FIELD(sr_cmd, dtype),
+    SR_LAYOUT_FIELD(sr_cmd, pad0),
+    SR_LAYOUT_FIELD(sr_cmd, count),
+    SR_LAYOUT_FIELD(sr_cmd, in_off),
+    SR_LAYOUT_FIELD(sr_cmd, out_off),
+    SR_LAYOUT_FIELD(sr_cmd, pad1),
+    SR_LAYOUT_SIZE(sr_cmdring),
+    SR_LAYOUT_FIELD(sr_cmdring, in_ready),
+    SR_LAYOUT_FIELD(sr_cmdring, out_ready),
+    SR_LAYOUT_CONST(SR_RING_SLOTS),
+    SR_LAYOUT_CONST(SR_MAX_LANES),
+    SR_LAYOUT_CONST(SR_MAX_LABELS),
+    SR_LAYOUT_CONST(SR_STATS),
+    SR_LAYOUT_END,
+};
+
+const sr_layout_entry *sr_progress_layout(void) { return progress_layout; }

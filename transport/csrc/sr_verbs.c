@@ -14,11 +14,18 @@
  * only after the consumer said it is done with it. ibv_post_send, ibv_post_recv and
  * ibv_poll_cq are static inline in verbs.h, which is why this lives in C.
  * Waiting spins on the CQ for SPIN_US, then sleeps on the CQ's completion channel: spinning
- * alone would starve a software RDMA stack (rdma_rxe) sharing the CPU. */
+ * alone would starve a software RDMA stack (rdma_rxe) sharing the CPU.
+ *
+ * Liveness: a heartbeat is a repeated ACK (the same consumed count again), which the peer takes
+ * as "still here". sr_vlink_keepalive (called by the fabric's keeper thread, transport/liveness.py)
+ * sends one on each twin when nothing went for heartbeat_ms and names the peer dead when nothing
+ * came for dead_ms; a call waiting on a link sends them too. A link's mutex keeps the keeper off
+ * it while a call runs (the call polls the same completion queues). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,12 +55,15 @@ typedef struct sr_vpeer {
     uint32_t sends_outstanding;
     uint64_t completions;
     uint64_t stats[6]; /* frames tx, frames rx, bytes tx, bytes rx, acks tx, acks rx */
+    int64_t heard_us, sent_us; /* the last completion from the peer; the last ack or heartbeat we posted */
 } sr_vpeer;
 
 typedef struct sr_vlink {
     int ntwins;
     sr_vpeer *twin[SR_MAX_TWINS];
     uint64_t tx_frames, rx_frames; /* frames cut / consumed in this direction, over every twin */
+    pthread_mutex_t mu;            /* held by a call for its whole length; the keeper only tries it */
+    int heartbeat_ms;              /* set by the first sr_vlink_keepalive; 0: no heartbeats yet */
 } sr_vlink;
 
 static int64_t vnow_us(void) {
@@ -81,6 +91,7 @@ sr_vpeer *sr_vpeer_new(int my_rank, int peer_rank, struct ibv_qp *tx_qp, struct 
     *p = (sr_vpeer){.my_rank = my_rank, .peer_rank = peer_rank, .tx_qp = tx_qp, .rx_qp = rx_qp, .cq = cq,
                     .channel = channel, .lkey = lkey, .rkey = rkey, .slot_bytes = slot_bytes, .window = window,
                     .max_send = max_send, .remote_addr = remote_addr};
+    p->heard_us = p->sent_us = vnow_us();
     p->rx_slots = arena;
     p->tx_slots = (unsigned char *)arena + (size_t)window * stride(p);
     for (uint32_t i = 0; i < window; i++) /* a receive per slot on rx, per possible ack on tx */
@@ -116,6 +127,7 @@ static int poll_peer(sr_vpeer *p, sr_error *err) {
                 p->sends_outstanding--;
                 break;
             case WR_RECV_RX: /* a DATA frame landed; RC keeps them in order */
+                p->heard_us = vnow_us();
                 if (ntohl(wc[i].imm_data) != (uint32_t)p->rx_arrived)
                     return sr_fail(err, SR_ESEQ, p->peer_rank, "frame imm %u from rank %d out of sequence (expected %u)",
                                  ntohl(wc[i].imm_data), p->peer_rank, (uint32_t)p->rx_arrived);
@@ -125,7 +137,13 @@ static int poll_peer(sr_vpeer *p, sr_error *err) {
                 break;
             case WR_RECV_TX: { /* an ACK: 32-bit count, widened against what we sent */
                 uint64_t acked = p->tx_acked + (uint32_t)(ntohl(wc[i].imm_data) - (uint32_t)p->tx_acked);
-                if (acked <= p->tx_acked || acked > p->tx_seq)
+                p->heard_us = vnow_us();
+                if (acked == p->tx_acked) { /* the same count again: a heartbeat */
+                    if (post_recv(p->tx_qp, WR_RECV_TX))
+                        return sr_fail(err, SR_EIO, p->peer_rank, "reposting a receive for rank %d failed", p->peer_rank);
+                    break;
+                }
+                if (acked < p->tx_acked || acked > p->tx_seq)
                     return sr_fail(err, SR_ESEQ, p->peer_rank, "ack %llu from rank %d out of sequence (acked %llu, sent %llu)",
                                  (unsigned long long)acked, p->peer_rank, (unsigned long long)p->tx_acked,
                                  (unsigned long long)p->tx_seq);
@@ -210,7 +228,21 @@ static int consume_frame(sr_vpeer *p, unsigned char *rbuf, size_t len, size_t *d
     if (rc)
         return rc;
     p->stats[4]++;
+    p->sent_us = vnow_us();
     return 1;
+}
+
+/* A heartbeat (the consumed count again) when nothing went to the peer for heartbeat_ms. */
+static int heartbeat(sr_vpeer *p, int heartbeat_ms, sr_error *err) {
+    if (heartbeat_ms <= 0 || vnow_us() - p->sent_us < (int64_t)heartbeat_ms * 1000 ||
+        p->sends_outstanding >= p->max_send)
+        return 0;
+    struct ibv_send_wr wr = {.wr_id = WR_ACK, .num_sge = 0, .opcode = IBV_WR_SEND_WITH_IMM,
+                             .send_flags = IBV_SEND_SIGNALED, .imm_data = htonl((uint32_t)p->rx_consumed)};
+    int rc = post_send(p, &wr, err);
+    if (!rc)
+        p->sent_us = vnow_us();
+    return rc;
 }
 
 /* Arm the CQ events and sleep on the completion channels of n distinct peers for at most
@@ -267,6 +299,7 @@ sr_vlink *sr_vlink_new(sr_vpeer *const *twins, int n) {
     if (!l)
         return NULL;
     l->ntwins = n;
+    pthread_mutex_init(&l->mu, NULL);
     for (int t = 0; t < n; t++) {
         if (!twins[t] || twins[t]->peer_rank != twins[0]->peer_rank || twins[t]->slot_bytes != twins[0]->slot_bytes) {
             free(l);
@@ -283,7 +316,30 @@ void sr_vlink_free(sr_vlink *l, int linger_ms) {
         return;
     for (int t = 0; t < l->ntwins; t++)
         sr_vpeer_free(l->twin[t], linger_ms);
+    pthread_mutex_destroy(&l->mu);
     free(l);
+}
+
+/* The keeper's turn on an idle link: drain completions, send heartbeats, judge. 0; 1 when a
+ * call holds the link (it watches it then); or -SR_ETIMEOUT (nothing from the peer for dead_ms)
+ * or another failure, with err naming the peer. */
+int sr_vlink_keepalive(sr_vlink *l, int heartbeat_ms, int dead_ms, sr_error *err) {
+    if (pthread_mutex_trylock(&l->mu))
+        return 1;
+    l->heartbeat_ms = heartbeat_ms;
+    int rc = 0;
+    int64_t now = vnow_us();
+    for (int t = 0; t < l->ntwins && !rc; t++) {
+        sr_vpeer *p = l->twin[t];
+        if ((rc = poll_peer(p, err)) || (rc = heartbeat(p, heartbeat_ms, err)))
+            break;
+        int64_t silent_ms = (now - p->heard_us) / 1000;
+        if (silent_ms > dead_ms)
+            rc = sr_fail(err, SR_ETIMEOUT, p->peer_rank, "rank %d stopped answering: nothing heard for %lld ms (twin %d)",
+                         p->peer_rank, (long long)silent_ms, p->twin);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return rc;
 }
 
 /* The twins' counters, summed (frames tx, frames rx, bytes tx, bytes rx, acks tx, acks rx). */
@@ -331,6 +387,10 @@ static void add_twins(sr_vpeer **set, int *n, const sr_vlink *l) {
     }
 }
 
+static int run_vlanes(const sr_lane *lanes, int n, int op, int dtype, int timeout_ms, sr_vlink **to, sr_vlink **from,
+                      const size_t *slen, const size_t *rlen, size_t *framed, size_t *done, sr_vpeer **peers, int npeers,
+                      sr_vlink **held, int nheld, sr_error *err);
+
 /* The tcp engine's sr_transfer_lanes contract, over RDMA: the lanes' peers are sr_vlinks. */
 int sr_vtransfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeout_ms, sr_error *err) {
     if (n < 1 || n > SR_MAX_LANES || (op == SR_OP_ADD && dtype != SR_F32 && dtype != SR_F16 && dtype != SR_BF16))
@@ -349,6 +409,36 @@ int sr_vtransfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeo
         add_twins(peers, &npeers, to[i]);
         add_twins(peers, &npeers, from[i]);
     }
+    sr_vlink *held[2 * SR_MAX_LANES];
+    int nheld = 0;
+    for (int i = 0; i < n; i++) /* each distinct link once, in address order (no lock-order cycles) */
+        for (int side = 0; side < 2; side++) {
+            sr_vlink *l = side ? from[i] : to[i];
+            int known = !l;
+            for (int k = 0; k < nheld && !known; k++)
+                known = held[k] == l;
+            if (!known)
+                held[nheld++] = l;
+        }
+    for (int a = 1; a < nheld; a++)
+        for (int b = a; b > 0 && (uintptr_t)held[b] < (uintptr_t)held[b - 1]; b--) {
+            sr_vlink *x = held[b];
+            held[b] = held[b - 1];
+            held[b - 1] = x;
+        }
+    for (int k = 0; k < nheld; k++)
+        pthread_mutex_lock(&held[k]->mu);
+    int rc = run_vlanes(lanes, n, op, dtype, timeout_ms, to, from, slen, rlen, framed, done, peers, npeers, held,
+                        nheld, err);
+    for (int k = 0; k < nheld; k++)
+        pthread_mutex_unlock(&held[k]->mu);
+    return rc;
+}
+
+/* sr_vtransfer_lanes with its links held. */
+static int run_vlanes(const sr_lane *lanes, int n, int op, int dtype, int timeout_ms, sr_vlink **to, sr_vlink **from,
+                      const size_t *slen, const size_t *rlen, size_t *framed, size_t *done, sr_vpeer **peers, int npeers,
+                      sr_vlink **held, int nheld, sr_error *err) {
     int64_t now = vnow_us(), deadline = now + (int64_t)timeout_ms * 1000, spin_until = now + SPIN_US;
     for (;;) {
         int rc = 0, progress = 0, finished = 1;
@@ -393,6 +483,10 @@ int sr_vtransfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeo
         }
         if (now < spin_until)
             continue;
+        for (int k = 0; k < nheld; k++) /* a long wait says "still here" to the link's peer */
+            for (int t = 0; t < held[k]->ntwins; t++)
+                if ((rc = heartbeat(held[k]->twin[t], held[k]->heartbeat_ms, err)))
+                    return rc;
         int64_t left_ms = (deadline - now + 999) / 1000;
         if ((rc = sleep_on_cqs(peers, npeers, left_ms < SLEEP_SLICE_MS ? (int)left_ms : SLEEP_SLICE_MS, err)))
             return rc;

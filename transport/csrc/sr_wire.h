@@ -9,14 +9,22 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "sr_status.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 #define SR_FRAME_MAGIC 0x31465253u /* "SRF1" little-endian */
-#define SR_WIRE_VERSION 2 /* 2: the eight-lane payload checksum (sr_checksum_bytes) */
+#define SR_WIRE_VERSION 3 /* 2: the eight-lane payload checksum; 3: heartbeats and dead-peer verdicts */
 #define SR_KIND_DATA 1
 #define SR_KIND_ACK 2
+#define SR_KIND_HEARTBEAT 3 /* "still here": header only, on the ack direction, when nothing else went */
+#define SR_KIND_DEAD 4      /* a dead-peer verdict (sr_dead payload), on the ack direction */
+#define SR_KIND_BYE 5       /* "closing on purpose": a clean close is no verdict (header only) */
 #define SR_HEADER_BYTES 32
 
 /* Little-endian on every supported node (x86_64, aarch64). */
@@ -35,16 +43,21 @@ typedef struct __attribute__((packed)) sr_header {
 
 _Static_assert(sizeof(sr_header) == SR_HEADER_BYTES, "sr_header must be 32 bytes");
 
-enum sr_status {
-    SR_OK = 0,
-    SR_ETIMEOUT = 1,  /* the bound passed */
-    SR_ECLOSED = 2,   /* the peer closed or reset the connection */
-    SR_ECORRUPT = 3,  /* a checksum did not match */
-    SR_ESEQ = 4,      /* a frame out of sequence */
-    SR_EPROTO = 5,    /* bad magic, version, kind, rank or length */
-    SR_EIO = 6,       /* a system call failed */
-    SR_EARG = 7,      /* the caller passed something invalid */
-};
+/* The payload of a DEAD frame: which rank failed, on which cable, when, and who saw it first.
+ * A rank that sees a neighbour die tells its other neighbours before it closes, and each
+ * forwards the first verdict it gets, so every rank names the rank that failed. */
+typedef struct __attribute__((packed)) sr_dead {
+    uint16_t dead_rank;
+    uint16_t reporter;  /* the rank that saw it first-hand (the cable's other end) */
+    uint16_t cage;      /* the cable's cage (the same on both ends) */
+    uint16_t code;      /* SR_ETIMEOUT (nothing heard) or SR_ECLOSED (its connection closed) */
+    uint32_t addr;      /* the dead rank's IPv4 address on that cable, network order (0: unknown) */
+    uint32_t silent_ms; /* how long nothing had come from it (timeouts) */
+    uint64_t at_ms;     /* when the reporter saw it, UTC milliseconds since the epoch */
+} sr_dead;
+
+#define SR_DEAD_BYTES 24
+_Static_assert(sizeof(sr_dead) == SR_DEAD_BYTES, "sr_dead must be 24 bytes");
 
 enum sr_op { SR_OP_COPY = 0, SR_OP_ADD = 1 };
 enum sr_dtype { SR_F32 = 0, SR_F16 = 1, SR_BF16 = 2 };
@@ -251,13 +264,20 @@ static inline uint16_t sr_f32_to_bf16(float f) {
     return (uint16_t)sr_pick(sr_mask((x & 0x7FFFFFFFu) > 0x7F800000u), quiet, rounded);
 }
 
+/* The NaN an add makes of inf + -inf: x86's "indefinite". Arm writes 0x7FC00000 there, so the
+ * aarch64 paths write this one instead and every CPU gives the same bytes. */
+#define SR_NAN_MADE 0xFFC00000u
+
 /* a + b, except that when both are NaN the result is the one whose quieted bits are larger:
  * hardware returns the first operand's, and the two ends of an exchange add in opposite
- * orders, so they would differ. Any other sum is the hardware's. */
+ * orders, so they would differ; and a NaN the add makes itself is SR_NAN_MADE. Any other sum
+ * is the hardware's. */
 static inline float sr_add(float a, float b) {
     uint32_t qa = sr_bits_of(a) | 0x00400000u, qb = sr_bits_of(b) | 0x00400000u;
+    float sum = a + b;
     uint32_t both_nan = sr_mask(a != a) & sr_mask(b != b);
-    return sr_float_of(sr_pick(both_nan, qa > qb ? qa : qb, sr_bits_of(a + b)));
+    uint32_t made_nan = sr_mask(sum != sum) & sr_mask(a == a) & sr_mask(b == b);
+    return sr_float_of(sr_pick(both_nan, qa > qb ? qa : qb, sr_pick(made_nan, SR_NAN_MADE, sr_bits_of(sum))));
 }
 
 /* The element loops, written once; inlined into each target below, which compiles them for
@@ -280,7 +300,7 @@ __attribute__((always_inline)) static inline void sr_add_bf16(uint16_t *restrict
 }
 
 #if defined(__x86_64__)
-/* sr_add eight at a time. */
+/* sr_add eight at a time (x86 hardware makes SR_NAN_MADE itself). */
 __attribute__((target("avx2"))) static inline __m256 sr_add8(__m256 a, __m256 b) {
     __m256 sum = _mm256_add_ps(a, b);
     __m256 both_nan = _mm256_and_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
@@ -335,8 +355,73 @@ __attribute__((target("avx2"))) static inline void sr_add_bf16_avx2(uint16_t *re
 
 #endif
 
-/* The portable loops alone: what sr_reduce_add runs on a CPU without AVX2 and F16C (any
- * aarch64 node: the compiler vectorises them for NEON). */
+#if defined(__aarch64__)
+/* NEON (Advanced SIMD) is part of every ARMv8-A core, fp16 <-> fp32 conversions included, so
+ * aarch64 needs no run-time check. The adds are the hardware's, as in the portable loop (the
+ * same FPCR: round to nearest even, no flush to zero, NaNs propagated with their payload);
+ * nothing here multiplies, so FMA contraction cannot change a result. */
+
+/* sr_add four at a time. */
+static inline float32x4_t sr_add4(float32x4_t a, float32x4_t b) {
+    float32x4_t sum = vaddq_f32(a, b);
+    uint32x4_t sum_ok = vceqq_f32(sum, sum);
+    if (vminvq_u32(sum_ok) != 0) /* the common case: no lane is NaN */
+        return sum;
+    uint32x4_t a_nan = vmvnq_u32(vceqq_f32(a, a)), b_nan = vmvnq_u32(vceqq_f32(b, b));
+    uint32x4_t made_nan = vbicq_u32(vbicq_u32(vmvnq_u32(sum_ok), a_nan), b_nan);
+    const uint32x4_t quiet = vdupq_n_u32(0x00400000u);
+    uint32x4_t larger = vmaxq_u32(vorrq_u32(vreinterpretq_u32_f32(a), quiet), vorrq_u32(vreinterpretq_u32_f32(b), quiet));
+    sum = vbslq_f32(made_nan, vreinterpretq_f32_u32(vdupq_n_u32(SR_NAN_MADE)), sum);
+    return vbslq_f32(vandq_u32(a_nan, b_nan), vreinterpretq_f32_u32(larger), sum);
+}
+
+static inline void sr_add_f32_neon(float *restrict d, const float *restrict s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        vst1q_f32(d + i, sr_add4(vld1q_f32(d + i), vld1q_f32(s + i)));
+        vst1q_f32(d + i + 4, sr_add4(vld1q_f32(d + i + 4), vld1q_f32(s + i + 4)));
+    }
+    sr_add_f32(d + i, s + i, n - i);
+}
+
+/* FCVTL/FCVTN convert exactly as sr_f16_to_f32/sr_f32_to_f16 (round to nearest even by
+ * FPCR; a NaN keeps its top payload bits and comes out quiet, as every NaN sum already is). */
+static inline void sr_add_f16_neon(uint16_t *restrict d, const uint16_t *restrict s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        float16x8_t a = vreinterpretq_f16_u16(vld1q_u16(d + i)), b = vreinterpretq_f16_u16(vld1q_u16(s + i));
+        float32x4_t lo = sr_add4(vcvt_f32_f16(vget_low_f16(a)), vcvt_f32_f16(vget_low_f16(b)));
+        float32x4_t hi = sr_add4(vcvt_high_f32_f16(a), vcvt_high_f32_f16(b));
+        vst1q_u16(d + i, vreinterpretq_u16_f16(vcvt_high_f16_f32(vcvt_f16_f32(lo), hi)));
+    }
+    sr_add_f16(d + i, s + i, n - i);
+}
+
+/* sr_f32_to_bf16 four at a time, in integers as the portable loop (round to nearest even, or
+ * the quieted NaN); the ARMv8.6 BFCVT is not in every aarch64 core. */
+static inline uint16x4_t sr_f32x4_to_bf16(float32x4_t f) {
+    uint32x4_t x = vreinterpretq_u32_f32(f), high = vshrq_n_u32(x, 16);
+    uint32x4_t rounded = vshrq_n_u32(vaddq_u32(vaddq_u32(x, vdupq_n_u32(0x7FFFu)), vandq_u32(high, vdupq_n_u32(1u))), 16);
+    uint32x4_t nan = vcgtq_u32(vandq_u32(x, vdupq_n_u32(0x7FFFFFFFu)), vdupq_n_u32(0x7F800000u));
+    return vmovn_u32(vbslq_u32(nan, vorrq_u32(high, vdupq_n_u32(0x40u)), rounded));
+}
+
+static inline void sr_add_bf16_neon(uint16_t *restrict d, const uint16_t *restrict s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint16x8_t a = vld1q_u16(d + i), b = vld1q_u16(s + i);
+        float32x4_t lo = sr_add4(vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(a), 16)),
+                                 vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(b), 16)));
+        float32x4_t hi = sr_add4(vreinterpretq_f32_u32(vshll_high_n_u16(a, 16)),
+                                 vreinterpretq_f32_u32(vshll_high_n_u16(b, 16)));
+        vst1q_u16(d + i, vcombine_u16(sr_f32x4_to_bf16(lo), sr_f32x4_to_bf16(hi)));
+    }
+    sr_add_bf16(d + i, s + i, n - i);
+}
+#endif
+
+/* The portable loops alone: the reference every vector path is held to (the tests compare
+ * them byte for byte), and what sr_reduce_add runs on an x86 CPU without AVX2 and F16C. */
 static inline void sr_reduce_add_portable(void *restrict dst, const void *restrict src, size_t bytes, int dtype) {
     if (dtype == SR_F32)
         sr_add_f32((float *)dst, (const float *)src, bytes / 4);
@@ -360,6 +445,14 @@ static inline void sr_reduce_add(void *restrict dst, const void *restrict src, s
             sr_add_bf16_avx2((uint16_t *)dst, (const uint16_t *)src, bytes / 2);
         return;
     }
+#elif defined(__aarch64__)
+    if (dtype == SR_F32)
+        sr_add_f32_neon((float *)dst, (const float *)src, bytes / 4);
+    else if (dtype == SR_F16)
+        sr_add_f16_neon((uint16_t *)dst, (const uint16_t *)src, bytes / 2);
+    else
+        sr_add_bf16_neon((uint16_t *)dst, (const uint16_t *)src, bytes / 2);
+    return;
 #endif
     sr_reduce_add_portable(dst, src, bytes, dtype);
 }

@@ -19,6 +19,9 @@ description:
     every other netplan file of the node (C(netplan generate) in a scratch root), and a ring
     interface that another netplan file also configures is refused, naming that file (netplan
     would merge the two at boot and bring back, for example, DHCP on a ring port).
+  - A file of the same name in run/netplan or lib/netplan is refused, naming it. netplan reads one
+    file per name (run/ shadows etc/, etc/ shadows lib/), so one in run/ would replace SparkRing's
+    and configure no ring port, and SparkRing's would hide one in lib/.
   - Other netplan files are read, never changed. The file lands atomically with mode 0600;
     when it changed and O(apply) is true, C(netplan apply) makes the renderer take it over.
   - Idempotent: an unchanged file is neither rewritten nor applied.
@@ -239,6 +242,22 @@ class RingNetplan:
                     msg=f"ports[{interface}]: {cidr!r} is not an IPv4 address with prefix, such as 198.51.100.1/24"
                 )
 
+    def refuse_same_name(self) -> None:
+        """netplan reads one file per name (/run shadows /etc, /etc shadows /lib): refuse a namesake."""
+        why = {
+            "run/netplan": f"netplan reads it instead of {self.path} (a file in /run shadows one of the same "
+            "name in /etc), so netplan would configure no ring port. Remove or rename it",
+            "lib/netplan": f"{self.path} hides that file from netplan (a file in /etc shadows one of the same "
+            "name in /lib), so what it configures would be lost. Remove it if nothing needs it",
+        }
+        for folder, reason in why.items():
+            other = os.path.join(self.root, folder, self.p["file_name"])
+            if os.path.lexists(other):
+                self.module.fail_json(
+                    msg=f"{other} has the name of SparkRing's {self.path}: {reason}, or give SparkRing's file "
+                    "another name (fabric_netplan_file); nothing was written"
+                )
+
     def netplan(self, *argv: str) -> tuple[int, str]:
         rc, out, err = self.module.run_command([self.netplan_bin, *argv])
         return rc, (err or out).strip()
@@ -341,6 +360,7 @@ class RingNetplan:
                 msg="netplan is not installed on this node: SparkRing keeps the ring ports across reboots "
                 "in a netplan file (DGX OS has netplan); install the netplan.io package"
             )
+        self.refuse_same_name()
         content = render(self.p["ports"], self.p["mtu"])
         self.validate(content)
         before, mode = self.current()

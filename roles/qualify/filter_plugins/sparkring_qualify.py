@@ -50,6 +50,25 @@ def _summary(ends: list[dict[str, Any] | None], sizes: list[int]) -> dict[str, A
     return out
 
 
+def _bulk(ends: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The cable's bulk figures against its absolute floors: the lower cable figure of the ends that
+    measured one (on verbs only the connecting end does), and its per-function figures."""
+    measured = [
+        bulk
+        for end in ends
+        if (bulk := ((end or {}).get("measurements") or {}).get("bulk"))
+        and bulk.get("cable_gbit_s") is not None
+    ]
+    if not measured:
+        return None
+    slowest = min(measured, key=lambda bulk: bulk["cable_gbit_s"])
+    return {
+        "tool": slowest["tool"],
+        "cable_gbit_s": slowest["cable_gbit_s"],
+        "functions": slowest.get("functions") or {},
+    }
+
+
 def _end_result(host: str, hv: dict[str, Any], port: dict[str, Any]) -> dict[str, Any] | None:
     """This end's module result for the port, or None where the module did not run."""
     for result in (hv.get(name) or {} for name in ROUND_RESULTS):
@@ -221,6 +240,7 @@ def sparkring_qualify_report(
             **verdict,
             "warnings": [r.split(": ", 2)[-1] for r in verdict["reasons"] if "CQ-PERF" in r],
             "summary": _summary(list(end_hosts.values()), sizes),
+            "bulk": _bulk(list(end_hosts.values())),
             "measurements": {host: (end or {}).get("measurements") for host, end in end_hosts.items()},
             "checks": {host: (end or {}).get("checks") for host, end in end_hosts.items()},
         }
@@ -260,6 +280,9 @@ def sparkring_qualify_table(report: dict[str, Any]) -> str:
     head = ["EDGE", "CABLE", "STATUS", "DOMAIN"]
     for size in sizes:
         head += [f"RTT p50/p99 us @{int(size) // 1024}K", f"Gbit/s @{int(size) // 1024}K"]
+    bulk = any(edge.get("bulk") for edge in report["edges"])
+    if bulk:
+        head.append("BULK Gbit/s")
     rows = [head]
     for edge in report["edges"]:
         row = [edge["id"], edge["subject"], edge["status"], edge["failure_domain"] or "-"]
@@ -269,6 +292,8 @@ def sparkring_qualify_table(report: dict[str, Any]) -> str:
                 f"{_fmt(figures.get('rtt_p50_us'))}/{_fmt(figures.get('rtt_p99_us'))}",
                 _fmt(figures.get("bandwidth_gbit_s"), 3),
             ]
+        if bulk:
+            row.append(_fmt((edge.get("bulk") or {}).get("cable_gbit_s"), 1))
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = [

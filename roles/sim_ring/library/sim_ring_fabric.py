@@ -269,10 +269,9 @@ class Fabric:
             and opts.get("lat") == want["lat_us"]
         ):
             return
-        self.run(
-            [self.tc, "-n", ns, "qdisc", "replace", "dev", ifname, "root", "tbf", "rate", f"{want['rate'] * 8}bit",
-             "burst", str(want["burst"]), "latency", f"{want['lat_us']}us"]
-        )  # fmt: skip
+        rate, burst, latency = f"{want['rate'] * 8}bit", str(want["burst"]), f"{want['lat_us']}us"
+        qdisc = [self.tc, "-n", ns, "qdisc", "replace", "dev", ifname, "root", "tbf"]
+        self.run([*qdisc, "rate", rate, "burst", burst, "latency", latency])
 
     def shaping_for(self, edge: str) -> dict | None:
         spec = self.p["shaping"]

@@ -163,11 +163,10 @@ class Rank:
             )
         os.makedirs(os.path.join(self.dir, "log"), exist_ok=True)
         log = open(os.path.join(self.dir, "log", "boot.log"), "ab")  # noqa: SIM115 - handed to the daemon
-        argv = [
-            self.module.get_bin_path("nsenter", required=True), f"--net=/run/netns/{self.p['netns']}", "--",
-            self.module.get_bin_path("unshare", required=True), "--mount", "--uts", "--propagation", "private", "--",
-            "/bin/sh", os.path.join(self.dir, "boot.sh"),
-        ]  # fmt: skip
+        nsenter = self.module.get_bin_path("nsenter", required=True)
+        unshare = self.module.get_bin_path("unshare", required=True)
+        argv = [nsenter, f"--net=/run/netns/{self.p['netns']}", "--", unshare, "--mount", "--uts"]
+        argv += ["--propagation", "private", "--", "/bin/sh", os.path.join(self.dir, "boot.sh")]
         # A new session and no inherited pipes: Ansible must not wait for the daemons.
         subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True

@@ -13,18 +13,16 @@ processes (a container without the host's PID namespace sees none, and the test 
 
 from __future__ import annotations
 
-import importlib.util
 import select
 import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from sparkring.module_utils import load_module_utils
 
 pytestmark = pytest.mark.device
-ROOT = Path(__file__).resolve().parents[3]
 # 256 MiB of float32 on the GPU, held until killed (bounded by the sleep).
 HOLDER = (
     "import sys, time, torch\n"
@@ -35,11 +33,7 @@ HOLDER = (
 
 def sparkring_gpu():
     """module_utils/sparkring_gpu.py as the modules ship it (stdlib only; no Ansible on this lane)."""
-    spec = importlib.util.spec_from_file_location("sparkring_gpu", ROOT / "module_utils" / "sparkring_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return load_module_utils("sparkring_gpu")
 
 
 def compute_apps(smi: str, gpu) -> tuple[str, list]:

@@ -1,8 +1,10 @@
-"""Two-GPU all-reduce through whatever libnccl.so.2 the process loaded (the lane preloads ours).
+"""Two-rank all-reduce through whatever libnccl.so.2 the process loaded (the lane preloads ours).
 
     python allreduce_worker.py RESULT.json
 
-Spawns one process per GPU (world size 2). Each rank all-reduces (SUM, float32) a constant
+Spawns two rank processes, rank r on GPU r % count: one GPU per rank where there are two, else
+both on one GPU, each with its own NCCL_HOSTID so NCCL connects them through its socket
+transport (transport.gpu.nccl_rank_env). Each rank all-reduces (SUM, float32) a constant
 tensor and a seeded random one at a few sizes; every rank checks every element against the sum
 computed on the CPU (with two ranks a float sum is exact), and reports which libnccl it loaded.
 """
@@ -14,11 +16,15 @@ import json
 import os
 import socket
 import sys
+from pathlib import Path
 from queue import Empty
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from transport.gpu import nccl_rank_env
 
 SIZES = (1024, 1 << 20, 16 << 20)  # elements: 4 KiB, 4 MiB, 64 MiB
 WORLD = 2
@@ -42,8 +48,10 @@ def seeded(rank: int, size: int) -> torch.Tensor:
 
 
 def rank_main(rank: int, port: int, queue) -> None:
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
+    gpus = torch.cuda.device_count()
+    os.environ.update(nccl_rank_env(rank, WORLD, gpus))
+    torch.cuda.set_device(rank % gpus)
+    device = torch.device("cuda", rank % gpus)
     dist.init_process_group(
         "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, device_id=device
     )
@@ -63,7 +71,14 @@ def rank_main(rank: int, port: int, queue) -> None:
             }
         )
     queue.put(
-        {"rank": rank, "nccl_version": runtime_nccl_version(), "libnccl": loaded_nccl(), "checks": checks}
+        {
+            "rank": rank,
+            "nccl_version": runtime_nccl_version(),
+            "libnccl": loaded_nccl(),
+            "checks": checks,
+            "gpu": rank % gpus,
+            "nccl_hostid": os.environ.get("NCCL_HOSTID"),
+        }
     )
     dist.destroy_process_group()
 

@@ -1,5 +1,7 @@
-"""Device lane: build the patched NCCL 2.29.7 for sm_90 with the module's own recipe
-(module_utils/sparkring_nccl.py) and run a two-GPU all-reduce through it.
+"""Device lane: build the patched NCCL (the lock's default release, 2.29.7-1, or
+$SPARKRING_NCCL_VERSION, e.g. 2.30.7-1) for sm_90 with the module's own recipe
+(module_utils/sparkring_nccl.py: pins, the tree pin where the lock has one, preimages) and run a
+two-rank all-reduce through it.
 
 Every scenario preloads the built library (LD_PRELOAD, as the launch does) with
 NCCL_NVLS_ENABLE=0 and NCCL_ALGO=Ring:
@@ -8,15 +10,15 @@ NCCL_NVLS_ENABLE=0 and NCCL_ALGO=Ring:
   algorithm up front: the log must show Tree skipped and never "Connected all trees";
 - stock-eager: without the switch, the same library must connect the trees (the control).
 
-    SPARKRING_NCCL_ARCHIVE=... python3 tests/device/nccl/test_switchless_allreduce.py OUTDIR
+    SPARKRING_NCCL_ARCHIVE=... PYTHONPATH=plugins python3 tests/device/nccl/test_switchless_allreduce.py OUTDIR
     pytest -m device tests/device/nccl        # the same, where pytest is installed
 
-Needs two GPUs, nvcc, make, patch, strip and torch; skips otherwise.
+Needs a GPU (two ranks share it with their own NCCL_HOSTID where only one is lent: NCCL's
+socket transport), nvcc, make, patch, strip and torch; skips otherwise.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -27,13 +29,21 @@ import time
 from pathlib import Path
 
 import pytest
+from sparkring.module_utils import load_module_utils
 
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
-VERSION = "2.29.7-1"
+NCCL_LOCK = json.loads((ROOT / "images" / "lock.json").read_text())["nccl"]
+VERSION = os.environ.get("SPARKRING_NCCL_VERSION", NCCL_LOCK["default_version"])
+RELEASE = NCCL_LOCK["releases"][VERSION]
+# Where images/nccl/fetch_source.py caches it (the basename of the lock's URL).
 ARCHIVE = Path(
-    os.environ.get("SPARKRING_NCCL_ARCHIVE", "/var/cache/sparkring-nccl/src/nvidia-nccl_2.29.7-1.orig.tar.gz")
+    os.environ.get(
+        "SPARKRING_NCCL_ARCHIVE", f"/var/cache/sparkring-nccl/src/{RELEASE['source_url'].rsplit('/', 1)[-1]}"
+    )
 )
+MAJOR, MINOR, PATCH = (int(n) for n in VERSION.split("-")[0].split("."))
+VERSION_CODE = MAJOR * 10000 + MINOR * 100 + PATCH  # ncclGetVersion's code for 2.x
 GENCODE = os.environ.get("SPARKRING_NCCL_GENCODE", "-gencode=arch=compute_90,code=sm_90")
 # The kernels these runs use; a full kernel set adds minutes of nvcc and proves nothing more here.
 ONLY_FUNCS = os.environ.get("SPARKRING_NCCL_ONLY_FUNCS", "AllReduce Sum f32 * *")
@@ -47,13 +57,7 @@ pytestmark = pytest.mark.device
 
 
 def nccl_utils():
-    spec = importlib.util.spec_from_file_location(
-        "sparkring_nccl", ROOT / "module_utils" / "sparkring_nccl.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
+    return load_module_utils("sparkring_nccl")
 
 
 def missing_prerequisite() -> str | None:
@@ -61,8 +65,8 @@ def missing_prerequisite() -> str | None:
         import torch
     except ImportError:
         return "torch is not installed"
-    if torch.cuda.device_count() < 2:
-        return f"needs two GPUs, found {torch.cuda.device_count()}"
+    if torch.cuda.device_count() < 1:
+        return "needs a GPU, found none"
     for tool in ("make", "patch", "strip", "g++"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
@@ -74,12 +78,13 @@ def missing_prerequisite() -> str | None:
 def build(out: Path, work: Path, dest: str = "dest") -> dict:
     """The module's recipe: pins, preimages, patch --fuzz=0, make src.build, strip, attest."""
     utils = nccl_utils()
-    release = json.loads((ROOT / "images" / "lock.json").read_text())["nccl"]["releases"][VERSION]
+    release = RELEASE
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     request = utils.BuildRequest(
         version=VERSION,
         source_archive=str(ARCHIVE),
         source_sha256=release["source_sha256"],
+        source_tree_sha256=release.get("source_tree_sha256"),
         source_dir=release["source_dir"],
         patches=[utils.PatchSpec(str(ROOT / p["file"]), p["sha256"]) for p in release["patches"]],
         dest=str(work / dest),
@@ -142,9 +147,10 @@ def run_checked(name: str, library: Path, out: Path) -> dict:
     assert [r["rank"] for r in report["ranks"]] == [0, 1], report
     # torch maps its bundled libnccl too; symbol lookup still resolves the preloaded one,
     # and the communicator's own banner says which library initialised it.
-    assert log.count("NCCL INFO NCCL version 2.29.7+") == 2 and "NCCL version 2.28" not in log, name
+    banner = f"NCCL INFO NCCL version {MAJOR}.{MINOR}.{PATCH}+"
+    assert log.count(banner) == 2 and "NCCL version 2.28" not in log, name
     for rank in report["ranks"]:
-        assert rank["nccl_version"] == 22907, rank
+        assert rank["nccl_version"] == VERSION_CODE, rank
         assert str(library) in rank["libnccl"].split(","), rank
         for check in rank["checks"]:
             assert check["constant_ok"] and check["random_mismatches"] == 0, (name, rank)
@@ -160,7 +166,7 @@ def run_checked(name: str, library: Path, out: Path) -> dict:
     }
 
 
-def test_patched_nccl_builds_and_all_reduces_on_two_gpus(tmp_path):
+def test_patched_nccl_builds_and_all_reduces_on_two_ranks(tmp_path):
     reason = missing_prerequisite()
     if reason:
         pytest.skip(reason)

@@ -6,10 +6,8 @@ as it was."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,12 +20,8 @@ pytestmark = pytest.mark.sim
 
 @pytest.fixture(scope="module")
 def sim_network(sim_ring):
-    spec = importlib.util.spec_from_file_location(
-        "serving_sim_network", ROOT / "benchmarks/serving/sim_network.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    import benchmarks.serving.sim_network as module
+
     return module
 
 
@@ -89,8 +83,8 @@ def test_a_run_killed_inside_is_undone_by_the_next(sim_network, hostvars) -> Non
     route = sim_network.management_routes(hostvars)["r0"][1]
     sim_network.STATE.write_text(json.dumps({host: "0" for host in hostvars}))  # what a run saved first
     in_rank("r0", "sysctl", "-w", "net.ipv4.ip_forward=1")
-    subprocess.run(["ip", "-n", "sr-r0", "route", "replace", f"{route['to']}/32", "via", route["via"],
-                    "dev", route["dev"], "proto", sim_network.ROUTE_PROTO], check=True)  # fmt: skip
+    via = ["via", route["via"], "dev", route["dev"], "proto", sim_network.ROUTE_PROTO]
+    subprocess.run(["ip", "-n", "sr-r0", "route", "replace", f"{route['to']}/32", *via], check=True)
     assert state(sim_network, hostvars) != before
     sim_network.restore_leftovers()
     assert state(sim_network, hostvars) == before and not sim_network.STATE.exists()

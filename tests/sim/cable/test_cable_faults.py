@@ -70,6 +70,8 @@ def test_every_edge_qualifies_with_latency_and_bandwidth(run_qualify, tmp_path):
             # One beacon and one counter check per twin: both twins of every cable end.
             for check_id in ("CQ-NEIGHBOR", "CQ-COUNTERS", "CQ-LINK-UP", "CQ-LINK-ADDR"):
                 assert [c["status"] for c in checks if c["id"] == check_id] == ["pass", "pass"], checks
+            # The sim's absolute floor (inventories/sim/group_vars/sparkring/qualify.yml) judged the cable.
+            assert [c["status"] for c in checks if c["id"] == "CQ-BW-CABLE"] == ["pass"], checks
 
 
 def test_mtu_1500_and_a_link_down(run_qualify):
@@ -158,6 +160,9 @@ def test_throttled_link_warns(run_qualify):
     assert slow["status"] == "qualified_with_warning", slow
     assert any(w.startswith(("latency:", "bandwidth:")) for w in slow["warnings"]), slow["warnings"]
     assert report["status"] == "qualified_with_warning"
+    # The shaped cable clears the sim's absolute floor (5 Mbit/s, under its 20): it is judged, and passes.
+    for checks in slow["checks"].values():
+        assert [c["status"] for c in checks if c["id"] == "CQ-BW-CABLE"] == ["pass"], checks
     for other in ("r0-r1", "r1-r2", "r3-r0"):
         assert edges[other]["status"] == "qualified", edges[other]
         assert (

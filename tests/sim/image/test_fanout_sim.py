@@ -155,8 +155,16 @@ def test_sender_that_is_not_a_ring_neighbour_is_refused(ring_up, tmp_path):
     port = 29612
 
     def config(directory, rank, host):
-        return {"files": [manifest], "dest": str(tmp_path / directory), "rank": rank, "world_size": 2,
-                "links": links[host], "port": port, "connect_timeout": 30, "io_timeout": 30}  # fmt: skip
+        return {
+            "files": [manifest],
+            "dest": str(tmp_path / directory),
+            "rank": rank,
+            "world_size": 2,
+            "links": links[host],
+            "port": port,
+            "connect_timeout": 30,
+            "io_timeout": 30,
+        }
 
     impostor = "198.19.1.99"
     probe = (
@@ -165,18 +173,19 @@ def test_sender_that_is_not_a_ring_neighbour_is_refused(ring_up, tmp_path):
         "b=json.dumps({'type':'hello','len':0}).encode();s.sendall(struct.pack('!I',len(b))+b);"
         "n=struct.unpack('!I',s.recv(4))[0];print(s.recv(n).decode())"
     )
+    connect = ["python3", "-c", probe, port_r1["peer_address"], str(port)]  # then the source address
     address = ["ip", "netns", "exec", "sr-r1", "ip", "addr"]
     run([*address, "add", f"{impostor}/24", "dev", port_r1["interface"]])
     receiver = start_agent("sr-r2", config("r2", 1, "r2"))
     try:
         for _ in range(100):
-            reply = run(["ip", "netns", "exec", "sr-r1", "python3", "-c", probe, port_r1["peer_address"], str(port),
-                         impostor])  # fmt: skip
+            reply = run(["ip", "netns", "exec", "sr-r1", *connect, impostor])
             if reply.returncode == 0:
                 break
             time.sleep(0.1)
-        diagonal = run(["ip", "netns", "exec", "sr-r0", "python3", "-c", probe, port_r1["peer_address"], str(port),
-                        hostvars["r0"]["sparkring_ports"][0]["address"]])  # fmt: skip
+        diagonal = run(
+            ["ip", "netns", "exec", "sr-r0", *connect, hostvars["r0"]["sparkring_ports"][0]["address"]]
+        )
         sender = start_agent("sr-r1", config("r1", 0, "r1"))
         results = finish({"r1": sender, "r2": receiver}, timeout=60)
     finally:

@@ -64,39 +64,43 @@ def container_log(host: str, since: float | None = None) -> str:
     return logs.stdout + logs.stderr
 
 
+def ask(path: str, body: dict | None = None, api: str = HEAD_API, netns: str = "sr-ctl") -> tuple[int, str]:
+    """(HTTP status, body) of one request to rank 0's API from the controller namespace (as
+    docs/launch.md says); status 0 when nothing answered. A fault's error is an answer: nothing
+    is asserted here."""
+    argv = [
+        "ip",
+        "netns",
+        "exec",
+        netns,
+        "curl",
+        "-sS",
+        "--max-time",
+        "120",
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code}",
+    ]
+    argv += [f"{api}{path}", "-H", f"Authorization: Bearer {SECRETS['VLLM_API_KEY']}"]
+    if body is not None:
+        argv += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+    text, _, code = done.stdout.rpartition("\n")
+    return (int(code) if code.strip().isdigit() else 0), text
+
+
 def complete(
     prompt: str | list[int] = "The ring of four",
     max_tokens: int = 8,
     api: str = HEAD_API,
     netns: str = "sr-ctl",
 ) -> dict:
-    """One greedy completion through rank 0's API, from the controller namespace (as docs/launch.md says)."""
-    body = json.dumps({"model": "sim-tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
-    done = subprocess.run(
-        [
-            "ip",
-            "netns",
-            "exec",
-            netns,
-            "curl",
-            "-sS",
-            "--max-time",
-            "120",
-            f"{api}/v1/completions",
-            "-H",
-            "Content-Type: application/json",
-            "-H",
-            f"Authorization: Bearer {SECRETS['VLLM_API_KEY']}",
-            "-d",
-            body,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    """One greedy completion through rank 0's API."""
+    body = {"model": "sim-tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    code, text = ask("/v1/completions", body, api, netns)
+    assert code == 200, f"{api}/v1/completions answered {code}: {text[:1000]}"
+    return json.loads(text)
 
 
 def profile_variant(directory: Path, **overrides: str) -> Path:
@@ -191,8 +195,11 @@ def metrics() -> dict[tuple[str, frozenset], float]:
     """Rank 0's /metrics (vLLM's own endpoint), the sparkring:* series by name and labels."""
     done = subprocess.run(
         ["ip", "netns", "exec", "sr-ctl", "curl", "-sS", "--max-time", "30", f"{HEAD_API}/metrics"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return {
         (name, frozenset(re.findall(r'(\w+)="([^"]*)"', labels))): float(value)

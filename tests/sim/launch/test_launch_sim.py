@@ -29,6 +29,16 @@ results fails AC-RING-BURN naming rank 2 and leaves the model down. The other fa
 are unit tests of the gate rules and inspectors on real processes and servers
 (tests/unit/acceptance, docs/acceptance.md).
 
+Then the recovery agent (issue 29), after the burn fault left the deployment stopped: launch.yml
+with the agent on. Rank 2's container killed while the ring idles: rank 0's /health answers 503
+within 15 s and a request's error names rank 2 and its cable, every rank's container exits (69,
+the ring failed; rank 2's 137), and the agent brings serving back without a person (the kill-to-503
+and kill-to-serving times are recorded as the test's properties and printed). The same kill during
+a long request: that request's error names rank 2, every container exits, the agent heals. Ring1
+of r1 down: /health names the cable, the agent refuses to relaunch naming it, and the ring serves
+after the cable is up. The status page on rank 0 lists the four ranks, the four cables and that
+last fault; stop.yml stops the agent before the containers.
+
 One deployment serves all of it because a TP4 deployment costs minutes of CI's two cores. The
 module's teardown stops and removes every container it started (stop.yml), always: the pair
 (test_pair_site.py, next) must not run beside it.
@@ -41,6 +51,7 @@ import random
 import re
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -52,6 +63,7 @@ from launch_harness import (
     SECRETS,
     SIM_RANKS,
     Launches,
+    ask,
     complete,
     container_ids,
     container_log,
@@ -65,6 +77,7 @@ from launch_harness import (
     wait_for_snapshots,
 )
 
+from overlay.fault import EXIT_PEER_DEAD
 from sparkcache import CHUNK_TOKENS
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
@@ -351,13 +364,14 @@ def gate(folder: Path, gate_id: str) -> dict:
     return json.loads((folder / f"{gate_id}.json").read_text())
 
 
+def container_running(host: str) -> str:
+    """Docker's State.Running of `host`'s rank container ("true", "false", or "" when it has none)."""
+    inspect = ["container", "inspect", "--format", "{{.State.Running}}", f"sparkring-rank{host[1:]}"]
+    return docker(host, *inspect).stdout.strip()
+
+
 def running() -> set[str]:
-    return {
-        docker(
-            host, "container", "inspect", "--format", "{{.State.Running}}", f"sparkring-rank{host[1:]}"
-        ).stdout.strip()
-        for host in RANKS
-    }
+    return {container_running(host) for host in RANKS}
 
 
 @pytest.fixture(scope="module")
@@ -605,3 +619,196 @@ def test_acceptance_fails_ring_burn_naming_rank_2_and_leaves_the_model_down(
     assert json.loads((folder / "burn.json").read_text())["status"] == "failed"
     assert "RESULT: FAILED. AC-RING-BURN failed on rank 2" in (folder / "summary.txt").read_text()
     assert running() == {"false"}
+
+
+# -- the recovery agent (issue 29), last of all: the burn fault above left the deployment stopped,
+# so its fixture launches once more with the agent on; the agent's relaunches and stop.yml follow --
+
+HEAL = ROOT / "artifacts" / "sim" / "recovery"
+# Short looks, delays and stable time (defaults: 15 s; 20, 30, 120, 300 s; 600 s), qualify's short run.
+HEAL_VARS = {
+    "launch_heal_agent": True,
+    "launch_heal_interval_s": 5,
+    "launch_heal_delays_s": [5, 10, 20, 30, 60],
+    "launch_heal_stable_s": 30,
+    "launch_heal_extra_vars": LEAN_QUALIFY,
+}
+R1_R2 = "r1 cage1 <-> r2 cage1"
+# Rank 2 dead: its two neighbours see it at once and rank 0 hears whichever verdict comes round
+# first, so it names rank 2 by either of its cables.
+RANK_2_DEAD = (
+    f"rank 2 (198.19.1.2, {R1_R2}) stopped answering",
+    "rank 2 (198.19.2.1, r3 cage0 <-> r2 cage0) stopped answering",
+)
+
+
+def agent_state() -> dict:
+    try:
+        return json.loads((HEAL / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> float:
+    """Poll (bounded) until `predicate()` holds; the seconds it took."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"{what} did not happen in {timeout_s:.0f} s; agent state: {agent_state()}")
+        time.sleep(2)
+    return time.monotonic() - start
+
+
+def answers() -> bool:
+    """A completion came back (the random tiny model may well answer whitespace: no text test)."""
+    try:
+        return complete(max_tokens=4)["usage"]["completion_tokens"] > 0
+    except (AssertionError, ValueError, KeyError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="module")
+def healing(deployment):
+    """launch.yml with the agent on: a launch, then the agent started beside it."""
+    done = deployment.playbook("launch.yml", "-e", json.dumps(HEAL_VARS))
+    assert done.returncode == 0, f"{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
+    assert agent_state().get("running"), agent_state()
+    return deployment
+
+
+FAULT_BOUND_S = 15.0  # issue 29's bound from a fault to /health 503 (the dead-peer bound is 5 s)
+EXITED_FOR_RANK_2 = {"r0": EXIT_PEER_DEAD, "r1": EXIT_PEER_DEAD, "r2": 137, "r3": EXIT_PEER_DEAD}
+
+
+def health_503_within(bound_s: float, since: float) -> tuple[float, str]:
+    """Poll rank 0's /health (bounded, every 0.2 s) until it answers 503: (seconds from `since`,
+    the fault's monotonic time, and the error message)."""
+    code, body = 0, ""
+    while time.monotonic() - since < bound_s:
+        code, body = ask("/health")
+        if code == 503:
+            return time.monotonic() - since, json.loads(body)["error"]["message"]
+        time.sleep(0.2)
+    raise AssertionError(f"/health did not answer 503 within {bound_s:.0f} s (last: {code} {body[:300]})")
+
+
+def exit_statuses(timeout_s: float = 90) -> dict[str, int]:
+    """Every rank's container exit status, once none runs (bounded; before the agent relaunches)."""
+    try:
+        wait_until(lambda: running() == {"false"}, timeout_s, "every rank's container exiting")
+    except TimeoutError as error:
+        still = [host for host in RANKS if container_running(host) == "true"]
+        logs = {host: docker(host, "logs", "--tail", "40", f"sparkring-rank{host[1:]}") for host in still}
+        told = "".join(f"\n{host}'s log ends:\n{done.stdout}{done.stderr}" for host, done in logs.items())
+        raise AssertionError(f"{error}; still up: {still}{told}") from None
+    inspect = ["container", "inspect", "--format", "{{.State.ExitCode}}"]
+    return {host: int(docker(host, *inspect, f"sparkring-rank{host[1:]}").stdout) for host in RANKS}
+
+
+def recoveries() -> int:
+    return agent_state().get("counts", {}).get("recovered", 0)
+
+
+def test_rank_2_killed_while_idle_is_named_every_rank_exits_and_the_agent_heals(
+    healing, record_property
+) -> None:
+    assert answers()  # the ring served; now it idles
+    recovered = recoveries()
+    killed = time.monotonic()
+    assert docker("r2", "kill", "sparkring-rank2").returncode == 0
+    noticed, message = health_503_within(FAULT_BOUND_S, since=killed)
+    code, body = ask("/v1/completions", {"model": "sim-tiny", "prompt": "The ring", "max_tokens": 4})
+    assert any(message.startswith(f"the ring failed: {dead} at") for dead in RANK_2_DEAD), message
+    assert code == 503 and any(dead in body for dead in RANK_2_DEAD), (code, body)
+    assert exit_statuses() == EXITED_FOR_RANK_2
+    wait_until(lambda: recoveries() > recovered, 900, "a recovery")
+    serving = time.monotonic() - killed
+    assert answers()
+    attempt = agent_state()["attempts"][-1]
+    assert attempt["result"] == "recovered" and "rank 2 container exited" in attempt["cause"], attempt
+    assert running() == {"true"}
+    record_property("kill_to_503_s", round(noticed, 1))
+    record_property("kill_to_serving_s", round(serving, 1))
+    print(
+        f"rank 2 killed while idle -> /health 503 in {noticed:.1f} s, serving again in {serving:.0f} s "
+        f"(agent: fault to serving {attempt['fault_to_serving_s']} s)"
+    )
+
+
+def serving_and_watched() -> None:
+    """The ring serves and the agent watches (a fault test must not start while a relaunch runs)."""
+    wait_until(lambda: agent_state().get("state") == "watching" and answers(), 900, "serving, watched")
+
+
+def requests_running() -> float:
+    """vLLM's own gauge on rank 0: the requests its engine is running now."""
+    code, text = ask("/metrics")
+    found = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M)
+    return float(found.group(1)) if code == 200 and found else 0.0
+
+
+def test_rank_2_killed_during_a_request_fails_it_naming_rank_2_and_the_agent_heals(healing) -> None:
+    serving_and_watched()
+    recovered = recoveries()
+    long_request = {"model": "sim-tiny", "prompt": "The ring", "max_tokens": 1500, "ignore_eos": True}
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(ask, "/v1/completions", long_request)
+        wait_until(lambda: answer.done() or requests_running() >= 1, 120, "the long request running")
+        assert not answer.done(), answer.result()  # 1500 tokens take the sim far longer
+        assert docker("r2", "kill", "sparkring-rank2").returncode == 0
+        try:
+            code, body = answer.result(timeout=FAULT_BOUND_S + 30)
+        except TimeoutError:
+            log = docker("r0", "logs", "--tail", "60", "sparkring-rank0")
+            raise AssertionError(f"no answer; rank 0's log ends:\n{log.stdout}{log.stderr}") from None
+    assert code == 503 and any(dead in body for dead in RANK_2_DEAD), (code, body)
+    assert exit_statuses() == EXITED_FOR_RANK_2
+    wait_until(lambda: recoveries() > recovered, 900, "a recovery")
+    assert answers()
+
+
+def test_a_down_cable_is_named_the_agent_refuses_over_it_and_serves_after(healing, record_property) -> None:
+    serving_and_watched()
+    attempts = len(agent_state().get("attempts", []))
+
+    def refused() -> bool:
+        return any(a["result"] == "refused" for a in agent_state().get("attempts", [])[attempts:])
+
+    link = ["ip", "netns", "exec", "sr-r1", "ip", "link", "set", "ring1"]
+    down = time.monotonic()
+    subprocess.run([*link, "down"], check=True, timeout=30)
+    try:
+        noticed, message = health_503_within(FAULT_BOUND_S, since=down)
+        wait_until(refused, 300, "a refused attempt")
+    finally:
+        subprocess.run([*link, "up"], check=True, timeout=30)
+    # Both ends see the cable fall silent: rank 0 hears whichever verdict comes round first.
+    assert any(cable in message for cable in (R1_R2, "r2 cage1 <-> r1 cage1")), message
+    assert "stopped answering" in message, message
+    attempt = next(a for a in agent_state()["attempts"][attempts:] if a["result"] == "refused")
+    assert f"not relaunching over a down cable: cable {R1_R2} is down at r1 ring1" in attempt["detail"], (
+        attempt
+    )
+    wait_until(lambda: agent_state().get("state") == "watching" and answers(), 900, "serving after the cable")
+    record_property("cable_down_to_503_s", round(noticed, 1))
+    print(f"ring1 of r1 down -> /health 503 in {noticed:.1f} s naming {R1_R2}")
+
+
+def test_the_status_page_lists_the_ranks_the_cables_and_the_last_fault(healing) -> None:
+    done = healing.playbook("status.yml")
+    assert done.returncode == 0, done.stdout[-4000:]
+    page = (SIM_RANKS / "r0" / "var-lib-sparkring" / "status" / "status.txt").read_text()
+    doc = json.loads((SIM_RANKS / "r0" / "var-lib-sparkring" / "status" / "status.json").read_text())
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
+    assert all(r["container"]["state"] == "running" and r["image_id"] and r["models"] for r in doc["ranks"])
+    assert len(doc["cables"]) == 4 and {c["state"] for c in doc["cables"]} == {"up"}
+    assert f"last fault: cable {R1_R2} is down at r1 ring1" in page, page
+    assert "next: nothing: the ring serves" in page and page.count("\ncable r") == 4
+
+
+def test_stop_stops_the_agent_before_the_containers(healing) -> None:
+    pid = int((HEAL / "agent.pid").read_text())
+    done = healing.playbook("stop.yml")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert not Path(f"/proc/{pid}").exists()
+    assert agent_state()["state"] == "stopped" and running() == {"false"}

@@ -11,8 +11,8 @@ import signal
 import subprocess
 import time
 
-import ansible.module_utils
 import pytest
+from ansible.module_utils import sparkring_model
 from model_sim import (
     DRAFT,
     RANKS,
@@ -29,10 +29,6 @@ from model_sim import (
 )
 
 pytestmark = pytest.mark.sim
-
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-from ansible.module_utils import sparkring_model  # noqa: E402
 
 SHARD = "model-00002-of-00003.safetensors"
 

@@ -29,9 +29,10 @@ def ring():
 def test_probe_runs_on_ring_links_only(ring: netns.NetnsRing) -> None:
     diagonal = subprocess.run(ring.exec_argv(0, ["ping", "-c1", "-W1", f"{PREFIX}.1.2"]), capture_output=True)
     assert diagonal.returncode != 0, "rank 2 must be unreachable from rank 0"
-    cmd = [sys.executable, "-m", "transport", "probe", "--world", "4", "--ring-prefix", PREFIX, "--pingpong-iters",
-           "100", "--bw-size", "4194304", "--bw-iters", "2", "--burn", "all_reduce,vocab_all_gather", "--burn-dtype",
-           "float32,bfloat16", "--burn-iters", "100", "--burn-size", "65536", "--timeout", "20"]  # fmt: skip
+    cmd = [sys.executable, "-m", "transport", "probe", "--world", "4", "--ring-prefix", PREFIX]
+    cmd += ["--pingpong-iters", "100", "--bw-size", "4194304", "--bw-iters", "2"]
+    cmd += ["--burn", "all_reduce,vocab_all_gather", "--burn-dtype", "float32,bfloat16"]
+    cmd += ["--burn-iters", "100", "--burn-size", "65536", "--timeout", "20"]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     procs = [
         subprocess.Popen(
@@ -48,8 +49,8 @@ def test_probe_runs_on_ring_links_only(ring: netns.NetnsRing) -> None:
 
 def test_all_reduce_over_a_namespace_pair(ring: netns.NetnsRing) -> None:
     # Two of the four namespaces as an N=2 pair on cable 0 (exchange-and-add).
-    cmd = [sys.executable, "-m", "transport", "probe", "--world", "2", "--skip-links", "--burn", "all_reduce",
-           "--burn-dtype", "float16", "--burn-iters", "100"]  # fmt: skip
+    cmd = [sys.executable, "-m", "transport", "probe", "--world", "2", "--skip-links"]
+    cmd += ["--burn", "all_reduce", "--burn-dtype", "float16", "--burn-iters", "100"]
     addrs = [f"{PREFIX}.0.1", f"{PREFIX}.0.2"]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     procs = [

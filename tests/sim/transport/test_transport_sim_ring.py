@@ -34,18 +34,21 @@ def test_probe_and_burns_on_the_sim_ring(sim_ring) -> None:
     far = ranks[2]["sparkring_ports"][0]["address"]
     ping = subprocess.run(["ip", "netns", "exec", "sr-r0", "ping", "-c1", "-W1", far], capture_output=True)
     assert ping.returncode != 0, f"rank 2 ({far}) is reachable from rank 0: forwarding is on in the sim ring"
-    cmd = [sys.executable, "-m", "transport", "probe", "--world", str(world), "--tcp-port", "28700",
-           "--pingpong-iters", "100", "--bw-size", "4194304", "--bw-iters", "2", "--burn",
-           "all_reduce,dcp_query_all_gather,lse_combine", "--burn-dtype", "float32,bfloat16", "--burn-iters", "100",
-           "--timeout", "20"]  # fmt: skip
+    cmd = [sys.executable, "-m", "transport", "probe", "--world", str(world), "--tcp-port", "28700"]
+    cmd += ["--pingpong-iters", "100", "--bw-size", "4194304", "--bw-iters", "2"]
+    cmd += ["--burn", "all_reduce,dcp_query_all_gather,lse_combine", "--burn-dtype", "float32,bfloat16"]
+    cmd += ["--burn-iters", "100", "--timeout", "20"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [
         subprocess.Popen(
             ["ip", "netns", "exec", f"sr-{host}", *cmd, "--rank", str(r), *_port_args(hostvars[host])],
-            stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
         )
         for r, host in enumerate(hosts)
-    ]  # fmt: skip
+    ]
     docs = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
     assert all(d["ok"] for d in docs), [d["error"] for d in docs]
     for r, doc in enumerate(docs):

@@ -8,8 +8,16 @@ import pytest
 from sparkring import acceptance_cells as cells
 from sparkring.acceptance import AcceptanceError
 
-DECODE_C8 = {"id": "c8", "kind": "decode", "prompt_tokens": 256, "max_tokens": 16, "requests": 8,
-             "concurrency": 8, "shared_prefix": True, "target_tok_s": 63.6}  # fmt: skip
+DECODE_C8 = {
+    "id": "c8",
+    "kind": "decode",
+    "prompt_tokens": 256,
+    "max_tokens": 16,
+    "requests": 8,
+    "concurrency": 8,
+    "shared_prefix": True,
+    "target_tok_s": 63.6,
+}
 
 
 def test_every_bad_cell_is_named_with_its_field() -> None:
@@ -55,9 +63,19 @@ def test_prompts_are_exact_lengths_inside_the_vocabulary_and_new_every_run() -> 
 
 
 def stream(i: int, rnd: int, start: float, first: float, end: float, n: int, prompt: int = 256) -> dict:
-    return {"id": f"c8-{i}", "round": rnd, "started": start, "first_token": first, "ended": end,
-            "ttft_s": first - start, "total_s": end - start, "prompt_tokens": prompt, "completion_tokens": n,
-            "text": "", "error": None}  # fmt: skip
+    return {
+        "id": f"c8-{i}",
+        "round": rnd,
+        "started": start,
+        "first_token": first,
+        "ended": end,
+        "ttft_s": first - start,
+        "total_s": end - start,
+        "prompt_tokens": prompt,
+        "completion_tokens": n,
+        "text": "",
+        "error": None,
+    }
 
 
 def test_a_concurrent_decode_cell_reports_the_round_aggregate() -> None:
@@ -74,8 +92,12 @@ def test_a_concurrent_decode_cell_reports_the_round_aggregate() -> None:
 
 def test_single_stream_cells_report_per_request_figures_and_count_errors() -> None:
     (prefill, decode) = cells.parse_cells(
-        [{"id": "p", "kind": "prefill", "prompt_tokens": 512, "max_tokens": 1},
-         {"id": "d", "kind": "decode", "prompt_tokens": 256, "max_tokens": 33}], max_model_len=2048)  # fmt: skip
+        [
+            {"id": "p", "kind": "prefill", "prompt_tokens": 512, "max_tokens": 1},
+            {"id": "d", "kind": "decode", "prompt_tokens": 256, "max_tokens": 33},
+        ],
+        max_model_len=2048,
+    )
     p = cells.cell_figures(
         prefill, [stream(i, i, 0, 0.25 * (i + 1), 0.25 * (i + 1), 1, 512) for i in range(3)]
     )

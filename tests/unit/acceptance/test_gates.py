@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib.util
 import json
 
 import pytest
@@ -14,6 +13,8 @@ from sparkring import acceptance
 from sparkring.lock import LOCK_PATH, ROOT, load_lock
 from sparkring.models import model_pins
 from sparkring.profile import load_profile_file
+
+from tests.project_code import load_project_file
 
 FILTERS = ROOT / "plugins" / "filter" / "sparkring_acceptance.py"
 LOCK = load_lock().model_dump(mode="json")
@@ -125,8 +126,11 @@ def test_lock_checks_the_patched_nccl_against_the_lock() -> None:
     ranks = [rank_facts(r) for r in range(4)]
     for r in ranks:
         r["record"]["image_files"]["nccl"]["sha256"] = library
-        r["nccl"] = {"source": {"sha256": release["source_sha256"]}, "patches": copy.deepcopy(release["patches"]),
-                     "output": {"sha256": library}}  # fmt: skip
+        r["nccl"] = {
+            "source": {"sha256": release["source_sha256"]},
+            "patches": copy.deepcopy(release["patches"]),
+            "output": {"sha256": library},
+        }
     identity = {"lock": LOCK, "image_id": IMAGE}
     assert (
         acceptance.lock_verdict(LOCK, LOCK_SHA, {**NONE_PROFILE, "nccl_mode": "patched"}, identity, ranks)[
@@ -232,10 +236,14 @@ def test_sparkcache_needs_every_rank_to_restore_and_the_same_outputs() -> None:
 def test_summary_lists_every_gate_and_ends_with_the_verdict() -> None:
     gates = [
         {**acceptance.result("AC-LOCK", {0: []}, "12 of 12 pin checks passed", "", {}), "seconds": 2.04},
-        {**acceptance.result("AC-CELLS", {0: ["cell x: 1 of 3 requests failed"]}, "x", "see the log", {"cells": []}),
-         "seconds": 30.0},
+        {
+            **acceptance.result(
+                "AC-CELLS", {0: ["cell x: 1 of 3 requests failed"]}, "x", "see the log", {"cells": []}
+            ),
+            "seconds": 30.0,
+        },
         acceptance.skipped({"id": "AC-SPARKCACHE", "run": True}),
-    ]  # fmt: skip
+    ]
     run = {"cluster": "sim", "started_utc": "20261201T120000Z", "commit": "abc", "evidence_dir": "/e"}
     text = acceptance.summary_text(run, gates)
     assert "AC-LOCK            PASS    -          2.0  12 of 12 pin checks passed" in text
@@ -276,10 +284,7 @@ QUALIFY_FILTERS = ROOT / "roles" / "qualify" / "filter_plugins" / "sparkring_qua
 
 
 def load_filters(path) -> dict:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FilterModule().filters()
+    return load_project_file(path).FilterModule().filters()
 
 
 def burn_report(flip: int | None, missing: int | None = None) -> dict:
@@ -287,8 +292,15 @@ def burn_report(flip: int | None, missing: int | None = None) -> dict:
     registers them; ``flip`` is the rank whose probe ran with the test hook (one result differs)."""
     hostvars = {}
     for rank in range(4):
-        burns = [{"collective": "all_reduce", "dtype": "float32", "size_bytes": 16384, "iterations": 200,
-                  "mismatches": 1 if rank == flip else 0}]  # fmt: skip
+        burns = [
+            {
+                "collective": "all_reduce",
+                "dtype": "float32",
+                "size_bytes": 16384,
+                "iterations": 200,
+                "mismatches": 1 if rank == flip else 0,
+            }
+        ]
         doc = {"ok": rank != flip, "error": None, "rank": rank, "seconds": 1.0, "burns": burns}
         run = (
             {"rc": 0, "stdout": json.dumps(doc)}

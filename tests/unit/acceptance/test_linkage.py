@@ -97,8 +97,14 @@ def test_preloaded_copy_wins_and_the_second_copy_is_proven_unused(libs) -> None:
     assert {lib["path"] for lib in report["libraries"]} == {str(libs["attested"]), str(libs["bundled"])}
     assert report["first_by_soname"] == {"libnccl.so.2": str(libs["attested"])}
     bound = [b for b in report["bindings"] if b["symbol"] == "ncclGetVersion"]
-    assert bound == [{"object": str(libs["consumer"]), "symbol": "ncclGetVersion", "state": "bound",
-                      "target": str(libs["attested"])}]  # fmt: skip
+    assert bound == [
+        {
+            "object": str(libs["consumer"]),
+            "symbol": "ncclGetVersion",
+            "state": "bound",
+            "target": str(libs["attested"]),
+        }
+    ]
     verdict = identity_verdict([report], sha256_file(libs["attested"]))
     assert verdict == {"status": "pass", "mode": "second-proven-unused", "problems": []}
 

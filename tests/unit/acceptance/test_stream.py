@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 from ansible.module_utils.sparkring_stream import run_rounds, stream
 
@@ -19,12 +20,14 @@ class Api(BaseHTTPRequestHandler):
     in_flight = 0
     peak = 0
     lock = threading.Lock()
+    bodies: ClassVar[list[dict]] = []
 
     def log_message(self, *args) -> None:
         return
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Api.bodies.append(body)
         prompt = body["prompt"]
         if prompt == "too long":
             self.send_response(400)
@@ -81,10 +84,24 @@ def test_a_failed_request_is_a_result_with_the_servers_message() -> None:
 def test_rounds_send_concurrency_requests_at_once_and_keep_the_order() -> None:
     Api.peak = 0
     with api() as url:
-        results = run_rounds([{"id": f"r{i}", "prompt": [i] * (i + 1)} for i in range(7)], 3,
-                             lambda r: stream(url, "m", r["prompt"], 3))  # fmt: skip
+        results = run_rounds(
+            [{"id": f"r{i}", "prompt": [i] * (i + 1)} for i in range(7)],
+            3,
+            lambda r: stream(url, "m", r["prompt"], 3),
+        )
     assert [r["id"] for r in results] == [f"r{i}" for i in range(7)]
     assert [r["round"] for r in results] == [0, 0, 0, 1, 1, 1, 2]
     assert [r["prompt_tokens"] for r in results] == list(range(1, 8))
     assert Api.peak == 3
     assert max(r["ended"] for r in results[:3]) <= min(r["started"] for r in results[3:6])
+
+
+def test_greedy_unless_the_request_samples_as_the_launch_warm_up_does() -> None:
+    """The timed cells are greedy; the launch's warm-up gate sends temperature > 0 and n > 1."""
+    Api.bodies = []
+    with api() as url:
+        greedy = stream(url, "m", "a", 3)
+        sampled = stream(url, "m", "b", 3, sampling={"temperature": 0.8, "top_p": 0.95, "n": 2})
+    assert greedy["error"] is None and sampled["error"] is None
+    assert Api.bodies[0]["temperature"] == 0 and "n" not in Api.bodies[0]
+    assert (Api.bodies[1]["temperature"], Api.bodies[1]["top_p"], Api.bodies[1]["n"]) == (0.8, 0.95, 2)

@@ -12,8 +12,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "benchmarks.fanout.run", *argv], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.fanout.run", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 def test_the_results_file_must_be_named() -> None:
@@ -37,4 +42,4 @@ def test_the_benchmark_loads_the_fan_out_code_it_measures() -> None:
     # The agent's module_utils import their siblings; the benchmark must resolve them as the agent does.
     probe = "from benchmarks.fanout import run; fan = run.load_fanout(); print(fan.build_manifest.__module__)"
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout.strip() == "sparkring_fanout", done.stderr
+    assert done.returncode == 0 and done.stdout.strip() == "sparkring_fanout_manifest", done.stderr

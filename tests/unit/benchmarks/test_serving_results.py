@@ -52,8 +52,12 @@ class StandInTarget:
         def complete(prompt: str, max_tokens: int) -> dict[str, float]:
             prompt_tokens = len(prompt.split())
             ttft = prompt_tokens / prefill
-            return {"ttft_s": ttft, "total_s": ttft + (max_tokens - 1) / decode,
-                    "completion_tokens": max_tokens, "prompt_tokens": prompt_tokens}  # fmt: skip
+            return {
+                "ttft_s": ttft,
+                "total_s": ttft + (max_tokens - 1) / decode,
+                "completion_tokens": max_tokens,
+                "prompt_tokens": prompt_tokens,
+            }
 
         return {
             "launch_s": 0.0,
@@ -158,8 +162,16 @@ def test_rounds_above_the_core_count_are_marked_counted_and_in_the_headline(resu
 
 def test_the_results_name_their_provenance_and_every_call_of_the_run(results: dict) -> None:
     provenance = results["provenance"]
-    assert {"command", "git_commit", "git_dirty", "cpu_cores", "started_utc", "load_avg_start", "finished_utc",
-            "load_avg_end"} <= set(provenance)  # fmt: skip
+    assert {
+        "command",
+        "git_commit",
+        "git_dirty",
+        "cpu_cores",
+        "started_utc",
+        "load_avg_start",
+        "finished_utc",
+        "load_avg_end",
+    } <= set(provenance)
     assert " --target sim" in provenance["command"]
     assert len(provenance["git_commit"]) == 40
     assert results["calls"] and all(
@@ -239,8 +251,10 @@ def test_a_failed_deployment_is_logged_and_the_next_call_starts_a_new_run(
         run_bench(monkeypatch, out, StandInTarget(fail="stock-ring"), "0")
     first = load_runs(deployments_log(out))
     assert [(r["variant"], r.get("failed")) for r in first] == [
-        ("stock-management", None), ("overlay", None), ("stock-ring", "RuntimeError: launch (stock-ring) failed")
-    ]  # fmt: skip
+        ("stock-management", None),
+        ("overlay", None),
+        ("stock-ring", "RuntimeError: launch (stock-ring) failed"),
+    ]
     assert "call" in first[2] and "rounds" not in first[2]
     assert run_bench(monkeypatch, out, StandInTarget(), "1") == 0
     again = load_runs(deployments_log(out))[3]

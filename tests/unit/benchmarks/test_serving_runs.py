@@ -4,8 +4,6 @@ routes that put stock's gloo traffic on the sim's ring links."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,22 +11,10 @@ from sparkring.cluster import load_cluster_file
 from sparkring.hostvars import cluster_hostvars
 
 from benchmarks.history import append_run
+from benchmarks.serving import runs, sim_network
 
 ROOT = Path(__file__).resolve().parents[3]
 
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"serving_{name}", ROOT / "benchmarks" / "serving" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-runs = load("runs")
-sim_network = load("sim_network")
 STOCK = runs.STOCK["sim"]
 
 
@@ -112,12 +98,18 @@ def test_stock_reaches_every_rank_over_the_ring_the_diagonal_through_a_neighbour
 @pytest.mark.parametrize(
     ("log", "expected"),
     [
-        ("INFO 12-01 [parallel_state.py:1907] world_size=4 rank=1 local_rank=0 "
-         "distributed_init_method=tcp://198.19.254.10:29500 backend=gloo\n", "backend=gloo"),
-        ("\x1b[1;36m(Worker pid=9)\x1b[0m INFO CPU SHM communicator disabled for group tp:0: ranks do not "
-         "share the same SHM group name, falling back to torch.distributed.\n", "SHM communicator disabled"),
+        (
+            "INFO 12-01 [parallel_state.py:1907] world_size=4 rank=1 local_rank=0 "
+            "distributed_init_method=tcp://198.19.254.10:29500 backend=gloo\n",
+            "backend=gloo",
+        ),
+        (
+            "\x1b[1;36m(Worker pid=9)\x1b[0m INFO CPU SHM communicator disabled for group tp:0: ranks do not "
+            "share the same SHM group name, falling back to torch.distributed.\n",
+            "SHM communicator disabled",
+        ),
     ],
-)  # fmt: skip
+)
 def test_vllm_lines_that_name_the_backend_are_kept(log: str, expected: str) -> None:
     lines = runs.backend_lines(log + "INFO unrelated line\n")
     assert len(lines) == 1 and expected in lines[0] and "\x1b" not in lines[0]

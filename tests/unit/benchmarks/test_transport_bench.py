@@ -17,8 +17,8 @@ pytest.importorskip("torch")
 
 def test_host_mode_writes_the_ratios_and_the_machine(tmp_path: Path) -> None:
     out = tmp_path / "host.json"
-    cmd = [sys.executable, "-m", "benchmarks.transport.bench", "host", "--worlds", "2", "--rounds", "1",
-           "--sizes", "16384,67108864", "--port", "29180", "--out", str(out)]  # fmt: skip
+    cmd = [sys.executable, "-m", "benchmarks.transport.bench", "host", "--worlds", "2", "--rounds", "1"]
+    cmd += ["--sizes", "16384,67108864", "--port", "29180", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(out.read_text())

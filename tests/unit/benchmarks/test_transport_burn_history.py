@@ -7,18 +7,23 @@ import json
 from pathlib import Path
 
 from benchmarks.provenance import RunProvenance
-from benchmarks.transport.bench import _write
+from benchmarks.transport.results import write
 
 
 def test_a_burn_is_kept_after_the_run_seeded_from_git(tmp_path: Path) -> None:
     """The burn keeps every run: a new one is appended after the seeded one, and the results file
     lists both, the seeded run by where it came from."""
     out = tmp_path / "transport_burn.json"
-    seeded = {"ok": True, "mismatches": 0, "seconds": 994.9, "started_utc": "2026-11-30T12:29:17+00:00",
-              "seeded_from": "git show 42eeae2:benchmarks/results/transport_burn.json"}  # fmt: skip
+    seeded = {
+        "ok": True,
+        "mismatches": 0,
+        "seconds": 994.9,
+        "started_utc": "2026-11-30T12:29:17+00:00",
+        "seeded_from": "git show 42eeae2:benchmarks/results/transport_burn.json",
+    }
     (tmp_path / "transport_burn-history.jsonl").write_text(json.dumps(seeded) + "\n")
     run = {"ok": False, "mismatches": 3, "seconds": 1.5, "provenance": RunProvenance.capture().finish()}
-    _write(dict(run), out, ("ok", "mismatches", "seconds"), draw=False)
+    write(dict(run), out, ("ok", "mismatches", "seconds"))  # the burn draws no plot
     kept = [json.loads(line) for line in (tmp_path / "transport_burn-history.jsonl").read_text().splitlines()]
     assert kept == [seeded, run]  # a failed burn is kept too, whole
     doc = json.loads(out.read_text())

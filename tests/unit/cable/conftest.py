@@ -9,32 +9,16 @@ the module printed. A command the module runs that the case does not expect fail
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import ansible.module_utils
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-ROOT = Path(__file__).resolve().parents[3]
-
-# Ansible finds project module_utils as ansible.module_utils.<name>; so do these tests.
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-
-
-def load_cable_module() -> ModuleType:
-    name = "sparkring_cable"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "library" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+from tests.project_code import load_library_module
 
 
 def _substitute(value: Any, tmp: Path) -> Any:
@@ -79,7 +63,7 @@ class CommandScript:
 @pytest.fixture
 def run_case(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     """Run one case; returns (exit code, result dict, commands left unrun)."""
-    cable = load_cable_module()
+    cable = load_library_module("sparkring_cable")
     link_facts = sys.modules["ansible.module_utils.sparkring_link_facts"]
 
     def _run(case: dict[str, Any]) -> tuple[int, dict[str, Any], list]:
@@ -113,3 +97,9 @@ def run_case(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.Cap
         return exited.value.code, result, script.expected
 
     return _run
+
+
+@pytest.fixture(scope="session")
+def cable_module() -> ModuleType:
+    """library/sparkring_cable.py, loaded as Ansible loads it (its judgements and CableQualifier)."""
+    return load_library_module("sparkring_cable")

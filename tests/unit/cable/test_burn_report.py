@@ -6,35 +6,47 @@ built here the way the burn task registers `python -m transport probe` (JSON on 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
+from tests.project_code import load_project_file
+
 ROOT = Path(__file__).resolve().parents[3]
-SETTINGS = {"cluster": "sim", "check_mode": False, "collectives": ["all_reduce"], "sizes": [16384],
-            "iterations": [200], "dtypes": ["float32"]}  # fmt: skip
+SETTINGS = {
+    "cluster": "sim",
+    "check_mode": False,
+    "collectives": ["all_reduce"],
+    "sizes": [16384],
+    "iterations": [200],
+    "dtypes": ["float32"],
+}
 
 
-def _plugin() -> Any:
-    path = ROOT / "roles" / "qualify" / "filter_plugins" / "sparkring_qualify.py"
-    spec = importlib.util.spec_from_file_location("sparkring_qualify_filters_burn", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-PLUGIN = _plugin()
+PLUGIN = load_project_file("roles/qualify/filter_plugins/sparkring_qualify.py")
 
 
 def _burn(mismatches: int = 0) -> dict[str, Any]:
-    return {"collective": "all_reduce", "dtype": "float32", "size_bytes": 16384, "iterations": 200,
-            "mismatches": mismatches, "p50_us": 80.0, "p99_us": 150.0}  # fmt: skip
+    return {
+        "collective": "all_reduce",
+        "dtype": "float32",
+        "size_bytes": 16384,
+        "iterations": 200,
+        "mismatches": mismatches,
+        "p50_us": 80.0,
+        "p99_us": 150.0,
+    }
 
 
 def _run(ok: bool = True, error: str | None = None, burns: list | None = None) -> dict[str, Any]:
-    doc = {"schema": "sparkring.transport.probe/1", "ok": ok, "error": error, "burns": burns or [_burn()],
-           "seconds": 3.2, "links": []}  # fmt: skip
+    doc = {
+        "schema": "sparkring.transport.probe/1",
+        "ok": ok,
+        "error": error,
+        "burns": burns or [_burn()],
+        "seconds": 3.2,
+        "links": [],
+    }
     return {"rc": 0 if ok else 1, "stdout": json.dumps(doc), "stderr": ""}
 
 

@@ -6,12 +6,13 @@ each end's module result is built here the way sparkring_cable returns it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.project_code import load_project_file
 
 ROOT = Path(__file__).resolve().parents[3]
 SIZES = [12288, 16384]
@@ -25,15 +26,7 @@ SETTINGS = {
 }
 
 
-def _plugin() -> Any:
-    path = ROOT / "roles" / "qualify" / "filter_plugins" / "sparkring_qualify.py"
-    spec = importlib.util.spec_from_file_location("sparkring_qualify_filters", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-PLUGIN = _plugin()
+PLUGIN = load_project_file("roles/qualify/filter_plugins/sparkring_qualify.py")
 
 
 def _hostvars() -> dict[str, dict[str, Any]]:
@@ -63,11 +56,21 @@ def _end(
             "fix": f"fix {domain}",
             "reasons": [f"{check_id}: {detail}"],
         }
-    frames = [
-        {"size_bytes": size, "iterations": 100, "mismatches": 0, "rtt_us": {"p50": rtt, "p99": rtt * 3},
-         "tx_gbit_s": gbit, "rx_gbit_s": gbit}
-        for size in SIZES
-    ] if not failed else []  # fmt: skip
+    frames = (
+        []
+        if failed
+        else [
+            {
+                "size_bytes": size,
+                "iterations": 100,
+                "mismatches": 0,
+                "rtt_us": {"p50": rtt, "p99": rtt * 3},
+                "tx_gbit_s": gbit,
+                "rx_gbit_s": gbit,
+            }
+            for size in SIZES
+        ]
+    )
     neighbor = (
         heard
         if heard is not None
@@ -105,8 +108,11 @@ def test_a_healthy_ring_qualifies_every_edge_in_ring_order():
     assert [edge["id"] for edge in report["edges"]] == ["r0-r1", "r1-r2", "r2-r3", "r3-r0"]
     assert [edge["subject"] for edge in report["edges"]][3] == "r3 cage1 <-> r0 cage1"
     assert report["edges"][0]["summary"]["16384"] == {
-        "rtt_p50_us": 60.0, "rtt_p99_us": 180.0, "bandwidth_gbit_s": 0.4, "iterations": 100
-    }  # fmt: skip
+        "rtt_p50_us": 60.0,
+        "rtt_p99_us": 180.0,
+        "bandwidth_gbit_s": 0.4,
+        "iterations": 100,
+    }
     table = PLUGIN.sparkring_qualify_table(report)
     assert table.splitlines()[0] == "qualify sim: QUALIFIED 4 qualified, 0 qualified_with_warning, 0 failed"
     assert "60.0/180.0" in table
@@ -204,3 +210,52 @@ def test_a_swap_is_found_when_one_swapped_port_heard_nothing():
     assert next(e for e in report["edges"] if e["id"] == "r0-r1")["fix"].startswith(
         "swap the two cables at r1"
     )
+
+
+def test_a_cable_under_its_absolute_floor_fails_its_edge_naming_the_figure():
+    """The connecting end (r3) measured 118.1 Gb/s, the field's degraded cable, under the GB10 floor;
+    the serving end (r2) left the verdict to it. Another edge passes its floor."""
+    r2, r3 = _port("r2", 0), _port("r3", 0)
+    detail = (
+        "cable r3 cage0 <-> r2 cage0: 118.1 Gb/s with every function at once (ib_write_bw 65536 B for 3 s); "
+        "per function ring0 97.6, ring0b 51.3; under its floor 150 Gb/s"
+    )
+    slow = _end(r3, failed=("CQ-BW-CABLE", "performance", detail))
+    slow["measurements"]["bulk"] = {
+        "tool": "ib_write_bw",
+        "role": "connect",
+        "cable_gbit_s": 118.1,
+        "functions": {"ring0": 97.6, "ring0b": 51.3},
+    }
+    served = _end(r2)
+    served["measurements"]["bulk"] = {
+        "tool": "ib_write_bw",
+        "role": "serve",
+        "cable_gbit_s": None,
+        "functions": {},
+    }
+    healthy = _end(_port("r1", 0))
+    healthy["measurements"]["bulk"] = {
+        "tool": "ib_write_bw",
+        "role": "connect",
+        "cable_gbit_s": 190.1,
+        "functions": {"ring0": 98.1, "ring0b": 96.4},
+    }
+    report = _report(_ring({("r3", 0): slow, ("r2", 0): served, ("r1", 0): healthy}))
+    edges = {edge["id"]: edge for edge in report["edges"]}
+    edge = edges["r2-r3"]
+    assert (edge["status"], edge["failure_domain"], edge["fix"]) == (
+        "failed",
+        "performance",
+        "fix performance",
+    )
+    assert edge["headline"] == f"{detail} (at r3 ring0)"
+    assert edge["bulk"] == {
+        "tool": "ib_write_bw",
+        "cable_gbit_s": 118.1,
+        "functions": {"ring0": 97.6, "ring0b": 51.3},
+    }
+    assert edges["r0-r1"]["bulk"]["cable_gbit_s"] == 190.1 and edges["r1-r2"]["bulk"] is None
+    table = PLUGIN.sparkring_qualify_table(report).splitlines()
+    assert table[1].endswith("BULK Gbit/s")
+    assert next(line for line in table if line.startswith("r2-r3")).endswith("118.1")

@@ -20,8 +20,11 @@ def tracked_files() -> list[Path]:
     """The files a commit would hold (tracked, or new and not ignored)."""
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout.split("\n")  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
     return [ROOT / name for name in listed if name and (ROOT / name).is_file()]
 
 

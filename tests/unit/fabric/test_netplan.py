@@ -134,6 +134,32 @@ def test_another_file_that_configures_a_ring_port_is_refused_naming_it(tmp_path:
     assert not (tmp_path / "etc/netplan/60-sparkring.yaml").exists()
 
 
+@pytest.mark.parametrize(
+    ("folder", "why"),
+    [
+        ("run/netplan", "netplan reads it instead of"),
+        ("lib/netplan", "hides that file from netplan"),
+    ],
+)
+def test_a_same_named_file_in_run_or_lib_is_refused_naming_it(tmp_path: Path, folder: str, why: str) -> None:
+    """netplan reads one file per name, /run before /etc before /lib: another author's
+    run/netplan/60-sparkring.yaml shadows SparkRing's (netplan generate then configures no ring
+    port), and SparkRing's would shadow a lib/netplan one of the same name."""
+    other = tmp_path / folder / "60-sparkring.yaml"
+    other.parent.mkdir(parents=True)
+    other.write_text("network:\n  version: 2\n  ethernets:\n    enP7s7:\n      dhcp4: true\n")
+    other.chmod(0o600)
+    before = other.read_bytes()
+    done, result = module(tmp_path)
+    assert done.returncode != 0, result
+    assert result["msg"].startswith(
+        f"{other} has the name of SparkRing's {tmp_path}/etc/netplan/60-sparkring.yaml"
+    )
+    assert why in result["msg"] and "fabric_netplan_file" in result["msg"]
+    assert not (tmp_path / "etc/netplan/60-sparkring.yaml").exists()
+    assert other.read_bytes() == before
+
+
 def test_a_file_netplan_refuses_is_never_written(tmp_path: Path) -> None:
     broken = tmp_path / "etc/netplan/50-broken.yaml"
     broken.parent.mkdir(parents=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 from sparkring.module_utils import load_module_utils
@@ -10,8 +11,13 @@ from sparkring.module_utils import load_module_utils
 
 @pytest.fixture(scope="session")
 def fanout():
-    # what the fan-out imports by name first, as a script beside them would find them
-    return load_module_utils("sparkring_geometry", "sparkring_integrity", "sparkring_fanout")
+    return load_module_utils("sparkring_fanout")
+
+
+@pytest.fixture(scope="session")
+def fanout_manifest(fanout):
+    # the manifest module the agent itself imported (by plain name or as ansible.module_utils)
+    return sys.modules[fanout.FileSet.__module__]
 
 
 @pytest.fixture

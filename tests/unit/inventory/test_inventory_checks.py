@@ -243,7 +243,11 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         SIM,
         {"cluster.fabric": "verbs"}
         | {
-            f"ranks[{r}].ring_ports[{p}].twins[{t}].rdma": {**RDMA, "device": f"roce{t}p1s0f{p}"}
+            f"ranks[{r}].ring_ports[{p}].twins[{t}].rdma": {
+                **RDMA,
+                "device": f"roce{t}p1s0f{p}",
+                "gid_index": 3 if t == 0 else "auto",
+            }
             for r in range(4)
             for p in range(2)
             for t in range(2)
@@ -267,6 +271,28 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
             "(a RoCE GID table has at most 256 entries)",
             "ranks[1].ring_ports[0].twins[0].rdma.device: 'mlx5/0' is not a valid RDMA device name: expected 1-64 of A-Z a-z "
             "0-9 _ . -, such as rocep1s0f0",
+        ],
+    ),
+    (
+        # The field's case: path B (the domain-2 function) listed first, so the inventory puts the
+        # address on it, and the address GID's index (3 on DGX OS) left on path A, now the twin
+        # without an address, whose GID table holds only link-local GIDs.
+        "a fixed gid_index on the twin without the address",
+        RING4,
+        {
+            "ranks[1].ring_ports[0].twins": [
+                {
+                    "interface": "enP2p1s0f0np0",
+                    "rdma": {"device": "roceP2p1s0f0", "port": 1, "gid_index": "auto"},
+                },
+                {"interface": "enp1s0f0np0", "rdma": {"device": "rocep1s0f0", "port": 1, "gid_index": 3}},
+            ]
+        },
+        [
+            "ranks[1].ring_ports[0].twins[1].rdma.gid_index: 3 on a twin that carries no address: only the first "
+            "twin (enP2p1s0f0np0) carries 198.18.0.2 and its IPv4-mapped GID; this twin's RDMA uses its "
+            "link-local RoCE v2 GID. Set gid_index: auto here, or, if enp1s0f0np0 is the function that carries "
+            "the address, list it first in twins"
         ],
     ),
     (

@@ -5,10 +5,10 @@ that differs names the field and the ranks, and secrets never survive into a rec
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 
 import pytest
+from ansible.module_utils import sparkring_attest as attest
 from launch_locks import pinned_lock
 from sparkring.cluster import load_cluster_file
 from sparkring.hostvars import cluster_hostvars
@@ -18,9 +18,6 @@ from sparkring.profile import load_profile
 from transport.integrity import REDACTED, redact_env
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "module_utils"))
-
-import sparkring_attest as attest  # noqa: E402
 
 IMAGE = "sparkring/runtime@sha256:" + "cd" * 32
 
@@ -38,7 +35,7 @@ def records(dcp: int = 2) -> list[dict]:
     node = NodeCapabilities(gpu=True, infiniband=True, cpu_count=20)
     out = []
     for rank_vars in ranks:
-        spec = render_rank_spec(profile, rank_vars, ranks[0], node, IMAGE, "gb10", pinned_lock())
+        spec = render_rank_spec(profile, rank_vars, ranks[0], node, IMAGE, "fork", pinned_lock())
         out.append(
             {
                 "schema": attest.SCHEMA,

@@ -33,7 +33,7 @@ def spec(gpu: bool) -> dict:
     )
     node = NodeCapabilities(gpu=gpu, infiniband=True, cpu_count=20)
     return render_rank_spec(
-        profile, ranks[1], ranks[0], node, "sparkring/runtime:gb10-x", "gb10", load_lock()
+        profile, ranks[1], ranks[0], node, "sparkring/runtime:fork-x", "fork", load_lock()
     ).as_dict()
 
 

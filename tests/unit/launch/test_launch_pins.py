@@ -1,9 +1,10 @@
 """The launch plan refuses an overlay without pins for the runtime image, before any rank is touched.
 
 The example four-Spark ring's profile (OVERLAY_MODE=custom) is rendered through the filter Ansible
-calls (`sparkring_rank_spec`) against the lock's GB10 image: while the lock holds no overlay pins
-for that image the plan is refused, naming the image, its vLLM and the fix; with pins for that
-image in a lock, it renders and the spec carries them to the attestation.
+calls (`sparkring_rank_spec`) for each GB10 flavor. The upstream flavor (the example inventories')
+renders with the pins the committed lock holds for it. The fork flavor's image has no pins in the
+lock: the plan is refused, naming the image, its vLLM and the fix; with pins for that image in a
+lock, it renders and the spec carries them to the attestation.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from launch_locks import gb10_pins
+from launch_locks import fork_pins
 from launch_module import run_module, tool
 from sparkring.cluster import load_cluster_file
 from sparkring.hostvars import cluster_hostvars
@@ -27,7 +28,7 @@ from plugins.filter.sparkring_launch import sparkring_rank_spec
 ROOT = Path(__file__).resolve().parents[3]
 RING4 = ROOT / "inventories" / "example" / "ring4"
 SPARK = {"gpu": True, "infiniband": True, "cpu_count": 20}
-IMAGE = "sparkring/runtime:gb10-0123456789abcdef"
+IMAGE = "sparkring/runtime:fork-0123456789abcdef"
 
 
 def ranks() -> list[dict]:
@@ -35,24 +36,44 @@ def ranks() -> list[dict]:
     return sorted(hostvars.values(), key=lambda h: h["sparkring_rank"])
 
 
-def render(lock_path: Path, profile: Path = RING4 / "launch.env") -> list[dict]:
+def render(lock_path: Path, profile: Path = RING4 / "launch.env", flavor: str = "fork") -> list[dict]:
     every = ranks()
     return [
-        sparkring_rank_spec(r, every[0], str(profile), SPARK, IMAGE, "gb10", str(lock_path)) for r in every
+        sparkring_rank_spec(r, every[0], str(profile), SPARK, IMAGE, flavor, str(lock_path)) for r in every
     ]
 
 
-def test_the_example_ring_is_refused_at_plan_time_while_the_gb10_image_has_no_pins() -> None:
+def test_the_example_ring_on_the_upstream_flavor_renders_with_the_committed_pins() -> None:
+    pins = load_lock().overlay_pins_for("upstream")
+    assert (
+        pins is not None
+    )  # measured in the lock's vLLM wheel (playbooks/overlay-pins.yml, overlay_pins_wheel)
+    specs = render(LOCK_PATH, flavor="upstream")
+    assert [spec["rank"] for spec in specs] == [0, 1, 2, 3]
+    assert all(spec["overlay_pins"] == pins.model_dump() for spec in specs)
+    assert all("SPARKRING_OVERLAY_MODE=custom" in spec["argv"] for spec in specs)
+    assert all("--kv-cache-dtype" in spec["vllm_argv"] and "--gpus" in spec["argv"] for spec in specs)
+
+
+def test_an_unknown_flavor_is_refused_naming_the_inventory_field() -> None:
+    with pytest.raises(
+        AnsibleFilterError,
+        match=r"image_flavor: 'gb10' is not a runtime image flavor; expected one of upstream, fork, sim",
+    ):
+        render(LOCK_PATH, flavor="gb10")
+
+
+def test_the_fork_flavor_is_refused_at_plan_time_while_its_image_has_no_pins() -> None:
     lock = load_lock()
-    assert lock.overlay_pins_for("gb10") is None  # the committed lock: nobody has pinned the GB10 image yet
+    assert lock.overlay_pins_for("fork") is None  # the committed lock: nobody has pinned the fork image yet
     with pytest.raises(AnsibleFilterError) as refused:
         render(LOCK_PATH)
     message = str(refused.value)
     assert message.startswith("launch refused before anything was touched: OVERLAY_MODE=custom: ")
     assert (
-        "images/lock.json has no overlay pins for the gb10 runtime image "
-        f"({lock.base_images['gb10'].reference}@{lock.base_images['gb10'].digest}, "
-        f"vLLM {lock.vllm.gb10_from_base})"
+        "images/lock.json has no overlay pins for the fork runtime image "
+        f"({lock.base_images['fork'].reference}@{lock.base_images['fork'].digest}, "
+        f"vLLM {lock.vllm.fork_from_base})"
     ) in message
     assert "playbooks/overlay-pins.yml --check --diff" in message and "OVERLAY_MODE=disabled" in message
 
@@ -60,10 +81,10 @@ def test_the_example_ring_is_refused_at_plan_time_while_the_gb10_image_has_no_pi
 def test_with_pins_for_that_image_it_renders_and_the_spec_carries_them(tmp_path: Path) -> None:
     lock = load_lock()
     pinned = tmp_path / "lock.json"
-    pinned.write_text(with_overlay_pins(LOCK_PATH.read_text(), "gb10", gb10_pins(lock)))
+    pinned.write_text(with_overlay_pins(LOCK_PATH.read_text(), "fork", fork_pins(lock)))
     specs = render(pinned)
     assert [spec["rank"] for spec in specs] == [0, 1, 2, 3]
-    assert all(spec["overlay_pins"] == gb10_pins(lock) for spec in specs)
+    assert all(spec["overlay_pins"] == fork_pins(lock) for spec in specs)
     assert all("SPARKRING_OVERLAY_MODE=custom" in spec["argv"] for spec in specs)
 
 
@@ -71,7 +92,7 @@ def test_pins_of_an_older_base_do_not_count(tmp_path: Path) -> None:
     lock = load_lock()
     stale = json.loads(LOCK_PATH.read_text())
     old = "ghcr.io/fujitsupolycom/gb10-vllm-base@sha256:" + "0" * 64
-    stale["overlay_pins"] = {**stale.get("overlay_pins", {}), "gb10": {**gb10_pins(lock), "image": old}}
+    stale["overlay_pins"] = {**stale.get("overlay_pins", {}), "fork": {**fork_pins(lock), "image": old}}
     path = tmp_path / "lock.json"
     path.write_text(json.dumps(stale))
     with pytest.raises(AnsibleFilterError, match=f"it holds pins for {old}, which it no longer builds from"):
@@ -99,12 +120,12 @@ def rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for patch in PATCHES:
         path = site / patch.file
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"# {patch.file} as the GB10 image has it\n")
+        path.write_text(f"# {patch.file} as the fork image has it\n")
     (site / "vllm" / "__init__.py").write_text("")
     info = site / "vllm-0.11.2.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: vllm\nVersion: {load_lock().vllm.gb10_from_base}\n"
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {load_lock().vllm.fork_from_base}\n"
     )
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -125,20 +146,20 @@ def rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def rank_spec(pins: dict, tmp_path: Path) -> dict:
-    """Rank 2's spec, rendered against a lock holding ``pins`` for the GB10 image."""
+    """Rank 2's spec, rendered against a lock holding ``pins`` for the fork image."""
     lock_path = tmp_path / "lock.json"
-    lock_path.write_text(with_overlay_pins(LOCK_PATH.read_text(), "gb10", pins))
+    lock_path.write_text(with_overlay_pins(LOCK_PATH.read_text(), "fork", pins))
     every = ranks()
     node = {"gpu": False, "infiniband": True, "cpu_count": 20}
     return sparkring_rank_spec(
-        every[2], every[0], str(RING4 / "launch.env"), node, IMAGE, "gb10", str(lock_path)
+        every[2], every[0], str(RING4 / "launch.env"), node, IMAGE, "fork", str(lock_path)
     )
 
 
 def measured(site: Path) -> dict:
     lock = load_lock()
     files = {patch.file: hashlib.sha256((site / patch.file).read_bytes()).hexdigest() for patch in PATCHES}
-    return gb10_pins(lock) | {"files": files}
+    return fork_pins(lock) | {"files": files}
 
 
 @pytest.mark.parametrize("check_mode", [True, False])
@@ -169,3 +190,20 @@ def test_an_image_built_without_the_pins_is_refused(
         "its build record (/opt/sparkring/image.json) carries other overlay pins than the lock "
         "(the image was built before the last pinning)"
     ]
+
+
+def test_check_mode_predicts_whether_the_attestation_record_changes(
+    rank: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--check says changed exactly when the real run would write a new record, and writes nothing."""
+    spec = rank_spec(measured(rank), tmp_path) | {"overlay_pins": None}  # OVERLAY_MODE=disabled
+    spec["mounts"] = [mount for mount in spec["mounts"] if not mount["read_only"]]  # no model on this rank
+    args = {"state": "attested", "spec": spec, "attest_dir": str(tmp_path / "att")}
+    planned = run_module(args | {"_ansible_check_mode": True}, capsys)
+    assert planned["changed"] and not (tmp_path / "att").exists()
+    first = run_module(args, capsys)
+    assert first["changed"]
+    written = sorted(p.name for p in (tmp_path / "att").iterdir())
+    assert run_module(args | {"_ansible_check_mode": True}, capsys)["changed"] is False
+    assert run_module(args, capsys)["changed"] is False
+    assert sorted(p.name for p in (tmp_path / "att").iterdir()) == written

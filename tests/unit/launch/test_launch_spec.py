@@ -40,7 +40,7 @@ def render_all(dcp: int, sparkcache: int) -> list[dict]:
     )
     ranks = ring4()
     lock = pinned_lock()
-    return [render_rank_spec(profile, r, ranks[0], SPARK, IMAGE, "gb10", lock).as_dict() for r in ranks]
+    return [render_rank_spec(profile, r, ranks[0], SPARK, IMAGE, "fork", lock).as_dict() for r in ranks]
 
 
 @pytest.mark.parametrize(("dcp", "sparkcache"), CASES)

@@ -18,20 +18,28 @@ def test_the_install_provides_every_package() -> None:
     """`make venv` (pip install -e .) makes all four importable with no PYTHONPATH and no cwd help."""
     done = subprocess.run(
         [sys.executable, "-I", "-c", "import sparkring.cluster, transport, overlay, sparkcache"],
-        capture_output=True, text=True, timeout=120, check=False, cwd="/",
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd="/",
+    )
     assert done.returncode == 0, f"run `make venv` (pip install -e .): {done.stderr[-800:]}"
 
 
 def test_project_code_never_edits_sys_path() -> None:
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     offenders = [
         name
         for name in listed
-        if not name.startswith(ALLOWED) and (ROOT / name).is_file()
+        if not name.startswith(ALLOWED)
+        and (ROOT / name).is_file()
         and SYS_PATH_EDIT.search((ROOT / name).read_text(errors="replace"))
-    ]  # fmt: skip
+    ]
     assert not offenders, f"import through the installed packages (pyproject.toml) instead: {offenders}"

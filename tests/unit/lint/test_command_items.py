@@ -117,3 +117,44 @@ def test_every_command_in_the_playbooks_and_roles_is_plain_strings() -> None:
         for problem in bad_command_items(document)
     ]
     assert not problems, "\n".join(problems)
+
+
+# Keys whose value is a conditional, or a list of them: ansible-core 2.19 refuses any that is not a string
+# (or a boolean) at run time, "Conditional expressions must be strings".
+CONDITIONAL_KEYS = frozenset({"that", "when", "failed_when", "changed_when", "until"})
+
+
+def bad_conditionals(document: object, path: str = "") -> Iterator[str]:
+    """Where a conditional is not a string or a boolean as YAML read it (e.g. `- x is match('a: b')`)."""
+    if isinstance(document, dict):
+        for key, value in document.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key in CONDITIONAL_KEYS:
+                for index, item in enumerate(value if isinstance(value, list) else [value]):
+                    if not isinstance(item, (str, bool)):
+                        yield f"{where}[{index}] is {type(item).__name__} {item!r}: quote it"
+            else:
+                yield from bad_conditionals(value, where)
+    elif isinstance(document, list):
+        for index, item in enumerate(document):
+            yield from bad_conditionals(item, f"{path}[{index}]")
+
+
+def test_the_check_refuses_a_conditional_yaml_read_as_a_mapping() -> None:
+    # The preflight molecule verify as CI ran it at 6e9d9be: ': ' in the match argument made a mapping.
+    broken = yaml.load(
+        "- assert:\n    that:\n      - x.detail is match('not applicable: tcp')\n", Loader=_AnsibleYamlLoader
+    )
+    assert [p.split(" is ")[0] for p in bad_conditionals(broken)] == ["[0].assert.that[0]"]
+    quoted = yaml.load("- assert:\n    that:\n      - \"x is match('a: b')\"\n", Loader=_AnsibleYamlLoader)
+    assert list(bad_conditionals(quoted)) == []
+
+
+def test_every_conditional_in_the_playbooks_and_roles_is_a_string() -> None:
+    problems = [
+        f"{path.relative_to(ROOT)}: {problem}"
+        for path in yaml_files()
+        for document in yaml.load_all(path.read_text(), Loader=_AnsibleYamlLoader)
+        for problem in bad_conditionals(document)
+    ]
+    assert not problems, "\n".join(problems)

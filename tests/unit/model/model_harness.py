@@ -13,6 +13,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 MODULE = ROOT / "library" / "sparkring_model.py"
+PIN_MODULE = ROOT / "library" / "sparkring_model_pin.py"
 CHUNK = 64 * 1024
 
 
@@ -29,12 +30,14 @@ def pinned_files(source: Path) -> list[dict]:
     ]
 
 
-def start(args: dict, tmp_path: Path, check: bool = False, diff: bool = False) -> subprocess.Popen:
+def start(
+    args: dict, tmp_path: Path, check: bool = False, diff: bool = False, module: Path = MODULE
+) -> subprocess.Popen:
     flags = {"_ansible_check_mode": check, "_ansible_diff": diff}
     path = tmp_path / f"args-{os.getpid()}-{id(args)}.json"
     path.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, **flags}}))
     return subprocess.Popen(
-        [sys.executable, str(HERE / "run_module.py"), str(MODULE), str(path)],
+        [sys.executable, str(HERE / "run_module.py"), str(module), str(path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -3,34 +3,18 @@ stage verified, or a refusal naming the files; on real files with the model stag
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
+from ansible.module_utils import sparkring_fanout as fanout
+from ansible.module_utils import sparkring_model as model
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sparkring_integrity import sha256_file
 from ansible.module_utils.testing import patch_module_args
 
-ROOT = Path(__file__).resolve().parents[3]
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-
-from ansible.module_utils import sparkring_fanout as fanout  # noqa: E402
-from ansible.module_utils import sparkring_model as model  # noqa: E402
-from ansible.module_utils.sparkring_integrity import sha256_file  # noqa: E402
-
-
-def launch_module():
-    spec = importlib.util.spec_from_file_location(
-        "_attest_launch", ROOT / "library" / "sparkring_rank_launch.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.project_code import load_library_module
 
 
 @pytest.fixture
@@ -49,9 +33,14 @@ def staged(tmp_path: Path) -> dict:
 
 
 def attest_mount(pin: dict, tmp_path: Path, source: str) -> str:
-    """RankLauncher.mount_manifest on one rank (rank 2) for one read-only mount source."""
-    args = {"spec": {"container_name": "sparkring-rank2", "rank": 2}, "models": [pin],
-            "docker_host": "", "state_dir": str(tmp_path / "launch")}  # fmt: skip
+    """RankLauncher.mounts on one rank (rank 2) for one read-only mount source: its digest."""
+    mount = {"source": source, "target": "/models/tiny", "read_only": True}
+    args = {
+        "spec": {"container_name": "sparkring-rank2", "rank": 2, "mounts": [mount]},
+        "models": [pin],
+        "docker_host": "",
+        "state_dir": str(tmp_path / "launch"),
+    }
     with patch_module_args(args):
         module = AnsibleModule(
             argument_spec={
@@ -61,7 +50,8 @@ def attest_mount(pin: dict, tmp_path: Path, source: str) -> str:
                 "state_dir": {"type": "path"},
             }
         )
-        return launch_module().RankLauncher(module).mount_manifest(source)
+        launch = load_library_module("sparkring_rank_launch")
+        return launch.RankLauncher(module).mounts()[0]["manifest_sha256"]
 
 
 def test_a_model_mount_attests_the_digest_the_model_stage_verified(staged, tmp_path):

@@ -46,8 +46,17 @@ def test_rank0_obtains_a_pinned_commit_from_the_hub(hub, run_model, tmp_path):
         hub.hf_hub_download(REPOSITORY, name, revision=commit, local_dir=reference)
     files = [f for f in pinned_files(reference) if f["path"] in FILES]
     target = tmp_path / "r0" / "models" / "tiny-gpt2"
-    args = {"name": "tiny-gpt2", "revision": commit, "path": str(target), "files": files, "source": "hub",
-            "repository": REPOSITORY, "state": "obtained", "rank": 0, "reserve_bytes": 0}  # fmt: skip
+    args = {
+        "name": "tiny-gpt2",
+        "revision": commit,
+        "path": str(target),
+        "files": files,
+        "source": "hub",
+        "repository": REPOSITORY,
+        "state": "obtained",
+        "rank": 0,
+        "reserve_bytes": 0,
+    }
 
     done = run_model(args)
     assert done["changed"] and not done.get("failed"), done

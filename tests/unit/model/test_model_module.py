@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -18,8 +19,15 @@ def free_port() -> int:
 
 
 def model_args(path: Path, files: list[dict], **extra) -> dict:
-    return {"name": "tiny", "revision": "tiny-v1", "path": str(path), "files": files, "chunk_size": CHUNK,
-            "reserve_bytes": 0, **extra}  # fmt: skip
+    return {
+        "name": "tiny",
+        "revision": "tiny-v1",
+        "path": str(path),
+        "files": files,
+        "chunk_size": CHUNK,
+        "reserve_bytes": 0,
+        **extra,
+    }
 
 
 def ring_args(rank: int, port: int) -> dict:
@@ -67,13 +75,19 @@ class Pair:
     def present(self, check: bool = False, **per_rank) -> list[dict]:
         procs = [
             start(
-                model_args(self.paths[r], self.files, fileset=self.fileset, **ring_args(r, self.port), **per_rank.get(f"r{r}", {})),
+                model_args(
+                    self.paths[r],
+                    self.files,
+                    fileset=self.fileset,
+                    **ring_args(r, self.port),
+                    **per_rank.get(f"r{r}", {}),
+                ),
                 self.tmp_path,
                 check=check,
                 diff=True,
             )
             for r in (0, 1)
-        ]  # fmt: skip
+        ]
         return [finish(proc) for proc in procs]
 
 
@@ -188,3 +202,39 @@ def test_a_rank_without_room_is_refused_naming_rank_and_bytes(run_model, checkpo
     total = sum(f["size"] for f in pair.files)
     assert f"rank 1: tiny needs {total} more bytes at {pair.paths[1]}" in plans[1]["msg"]
     assert not pair.paths[1].parent.exists()
+
+
+def test_a_symlinked_folder_in_the_model_directory_is_refused_and_its_target_left_alone(
+    run_model, checkpoint, tmp_path
+):
+    """`weights/ -> /elsewhere` inside MODEL_PATH: the stage once hard-linked the target's files into
+    the model and chmod-ed them 0444; it must refuse before touching anything (check mode too)."""
+    files = pinned_files(checkpoint)
+    target = tmp_path / "r0" / "models" / "tiny"
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(checkpoint / "weights", elsewhere)
+    target.mkdir(parents=True)
+    shutil.copy(checkpoint / "config.json", target / "config.json")
+    shutil.copy(checkpoint / "empty.txt", target / "empty.txt")
+    (target / "weights").symlink_to(elsewhere, target_is_directory=True)
+    before = {p.name: (p.stat().st_mode, p.stat().st_nlink) for p in elsewhere.iterdir()}
+    args = model_args(target, files, state="obtained", source_dir=str(checkpoint), rank=0)
+
+    for check in (True, False):
+        refused = run_model(args, check=check)
+        assert refused.get("failed"), refused
+        assert f"{target}/weights is a symlink to {elsewhere}" in refused["msg"]
+        assert "remove the link" in refused["msg"]
+    assert {p.name: (p.stat().st_mode, p.stat().st_nlink) for p in elsewhere.iterdir()} == before
+    assert (target / "weights").is_symlink() and not (
+        target.parent / ".sparkring-models" / "tiny.staging"
+    ).exists()
+
+    (target / "weights").unlink()
+    (target.parent / "linked").symlink_to(target, target_is_directory=True)
+    linked = run_model(
+        model_args(target.parent / "linked", files, state="obtained", source_dir=str(checkpoint), rank=0)
+    )
+    assert linked.get("failed") and f"{target.parent}/linked is a symlink to {target}" in linked["msg"], (
+        linked
+    )

@@ -7,16 +7,10 @@ import os
 import sys
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
+from ansible.module_utils import sparkring_fanout as fanout
+from ansible.module_utils import sparkring_model as model
 from model_harness import CHUNK, pinned_files
-
-ROOT = Path(__file__).resolve().parents[3]
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-
-from ansible.module_utils import sparkring_fanout as fanout  # noqa: E402
-from ansible.module_utils import sparkring_model as model  # noqa: E402
 
 
 @pytest.fixture

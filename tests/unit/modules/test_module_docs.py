@@ -8,7 +8,6 @@ nested suboptions), so a user reading `ansible-doc` reads what the module enforc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,26 +15,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import ansible.module_utils
 import pytest
 import yaml
 from ansible.plugins.doc_fragments.action_common_attributes import (
     ModuleDocFragment as ActionCommonAttributes,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.project_code import LIBRARY_DIRS, ROOT, load_library_module, load_project_file
+
 ANSIBLE_DOC = Path(sys.executable).with_name("ansible-doc")
-MODULE_DIRS = [ROOT / "library", *sorted(ROOT.glob("roles/*/library"))]
-MODULES = {path.stem: path for folder in MODULE_DIRS for path in sorted(folder.glob("*.py"))}
+MODULES = {path.stem: path for folder in LIBRARY_DIRS for path in sorted(folder.glob("*.py"))}
 # What AnsibleModule assumes when an argument_spec entry leaves a key out.
 SPEC_DEFAULTS = {"type": "str", "required": False, "default": None, "choices": None, "elements": None}
 COMPARED = (*SPEC_DEFAULTS, "aliases")
 SUPPORT_LEVELS = {"full", "partial", "none", "N/A"}
-
-# Ansible finds project module_utils as ansible.module_utils.<name>; so does this test.
-for folder in [ROOT / "module_utils", *sorted(ROOT.glob("roles/*/module_utils"))]:
-    if str(folder) not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(str(folder))
 
 
 class _SpecCaptured(Exception):
@@ -51,20 +44,14 @@ class _CapturingModule:
         raise _SpecCaptured(kwargs)
 
 
-def argument_spec(name: str) -> dict[str, Any]:
+def argument_spec(name: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """The argument_spec the module's main() passes to AnsibleModule (nothing else of main runs);
     for an action plugin documented in library/ (a file without code), the plugin's ARGUMENT_SPEC."""
     action = ROOT / "plugins" / "action" / f"{name}.py"
     if action.exists():
-        spec = importlib.util.spec_from_file_location(f"_docs_action_{name}", action)
-        plugin = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(plugin)
-        return plugin.ARGUMENT_SPEC
-    spec = importlib.util.spec_from_file_location(f"_docs_{name}", MODULES[name])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    module.AnsibleModule = _CapturingModule
+        return load_project_file(action).ARGUMENT_SPEC
+    module = load_library_module(name)
+    monkeypatch.setattr(module, "AnsibleModule", _CapturingModule)  # the module other tests run, restored
     with pytest.raises(_SpecCaptured) as captured:
         module.main()
     return captured.value.kwargs["argument_spec"]
@@ -96,12 +83,16 @@ def option_drift(documented: dict[str, Any], spec: dict[str, Any], where: str = 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, Any]:
     """Every module as `ansible-doc --json` renders it (one call for all of them)."""
-    search = [arg for folder in MODULE_DIRS for arg in ("-M", str(folder))]
+    search = [arg for folder in LIBRARY_DIRS for arg in ("-M", str(folder))]
     done = subprocess.run(
         [str(ANSIBLE_DOC), *search, "-t", "module", "--json", *MODULES],
-        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
         env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     assert "WARNING" not in done.stderr and "ERROR" not in done.stderr, done.stderr
     return json.loads(done.stdout)
@@ -112,11 +103,13 @@ def test_every_module_is_covered() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
-def test_documentation_is_the_argument_spec(rendered: dict[str, Any], name: str) -> None:
+def test_documentation_is_the_argument_spec(
+    rendered: dict[str, Any], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert name in rendered, f"ansible-doc did not render {name}"
     doc = rendered[name]["doc"]
     assert doc["short_description"] and doc["description"]
-    drift = option_drift(doc.get("options") or {}, argument_spec(name))
+    drift = option_drift(doc.get("options") or {}, argument_spec(name, monkeypatch))
     assert not drift, f"{name}:\n" + "\n".join(drift)
 
 

@@ -3,33 +3,18 @@ and the real NCCL 2.29.7 source fetched once into the cache outside the reposito
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 from types import ModuleType
 
-import ansible.module_utils
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
+from tests.project_code import load_library_module
+
 ROOT = Path(__file__).resolve().parents[3]
-HERE = Path(__file__).resolve().parent
 REAL_VERSION = "2.29.7-1"
-
-# Ansible finds project module_utils as ansible.module_utils.<name>; so do these tests.
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-
-
-def load_file(name: str, path: Path) -> ModuleType:
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def nvcc_or_skip() -> str:
@@ -55,17 +40,21 @@ def nccl_utils() -> ModuleType:
 
 @pytest.fixture(scope="session")
 def build_module() -> ModuleType:
-    return load_file("sparkring_nccl_build", ROOT / "library" / "sparkring_nccl_build.py")
+    return load_library_module("sparkring_nccl_build")
 
 
 @pytest.fixture(scope="session")
 def fetcher() -> ModuleType:
-    return load_file("sparkring_nccl_fetch_source", ROOT / "images" / "nccl" / "fetch_source.py")
+    import images.nccl.fetch_source as module
+
+    return module
 
 
 @pytest.fixture(scope="session")
 def fixture_lib() -> ModuleType:
-    return load_file("sparkring_nccl_fixture_source", HERE / "fixture_source.py")
+    import fixture_source as module
+
+    return module
 
 
 @pytest.fixture

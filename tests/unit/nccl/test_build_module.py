@@ -6,9 +6,12 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
+
+from transport.integrity import package_files, tree_sha256
 
 
 def library_of(result: dict) -> Path:
@@ -88,6 +91,48 @@ def test_unpinned_release_is_refused(run_module, fixture_source, without_cuda):
     assert (
         result["failed"] and result["field"] == "source_sha256" and "no pinned source sha256" in result["msg"]
     )
+
+
+def tree_pinned(fixture_source: dict, fixture_lib, tmp_path: Path) -> dict:
+    """The fixture pinned by its unpacked tree, its archive repacked (other bytes, same tree)."""
+    repacked = tmp_path / "repacked.tar"
+    with tarfile.open(fixture_source["source_archive"]) as src, tarfile.open(repacked, "w") as dst:
+        for member in reversed(src.getmembers()):
+            member.mtime, member.uid = 1_700_000_000, 1000
+            dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+    tree = tmp_path / "unpacked"
+    with tarfile.open(repacked) as tar:
+        tar.extractall(tree, filter="data")
+    digest = tree_sha256(tree / fixture_lib.SOURCE_DIR, package_files(tree / fixture_lib.SOURCE_DIR))
+    return fixture_source | {
+        "source_archive": str(repacked),
+        "source_sha256": None,
+        "source_tree_sha256": digest,
+    }
+
+
+def test_a_source_pinned_by_its_tree_builds_from_any_packing(
+    nvcc, run_module, fixture_source, fixture_lib, tmp_path
+):
+    args = tree_pinned(fixture_source, fixture_lib, tmp_path)
+    result = run_module(args)
+    assert result["changed"] is True and ctypes.CDLL(str(library_of(result))).fixtureSwitchlessRing() == 1
+    source = result["attestation"]["source"]
+    assert source == {
+        "sha256": None,
+        "tree_sha256": args["source_tree_sha256"],
+        "dir": fixture_lib.SOURCE_DIR,
+    }
+
+
+def test_a_tree_that_is_not_the_pin_is_refused_before_the_toolchain(
+    run_module, fixture_source, fixture_lib, tmp_path, without_cuda
+):
+    args = tree_pinned(fixture_source, fixture_lib, tmp_path)
+    assert run_module(args | without_cuda)["field"] == "cuda_home"  # the pin held: on to the toolchain
+    result = run_module(args | without_cuda | {"source_tree_sha256": "0" * 64})
+    assert result["failed"] and result["field"] == "source_tree_sha256"
+    assert "unpacks to a tree with digest" in result["msg"] and not Path(fixture_source["dest"]).exists()
 
 
 def test_tampered_patch_is_refused(run_module, fixture_source, without_cuda):

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from sparkring.module_utils import load_module_utils
 
 
 def write_lock(path: Path, release: dict, version: str = "9.9.9-1") -> Path:
@@ -31,6 +32,24 @@ def test_bytes_that_are_not_the_pin_are_refused_and_not_cached(fetcher, fixture_
     with pytest.raises(fetcher.FetchError, match="refusing it"):
         fetcher.fetch(cache=tmp_path / "cache", lock_path=lock)
     assert not list((tmp_path / "cache" / "src").iterdir())
+
+
+def test_a_tree_pinned_source_is_checked_by_its_unpacked_tree(fetcher, fixture_lib, tmp_path):
+    """GitHub's archives of a commit: the bytes are GitHub's packing, the tree is the pin."""
+    release = fixture_lib.make_fixture(tmp_path / "fx")["nccl"]["releases"][fixture_lib.VERSION]
+    nccl = load_module_utils("sparkring_nccl")
+    tree = nccl.extract_source(
+        release["source_url"].removeprefix("file://"), release["source_dir"], tmp_path / "t"
+    )
+    pinned = release | {"source_sha256": None, "source_tree_sha256": nccl.source_tree_digest(tree)}
+    got = fetcher.fetch(cache=tmp_path / "cache", lock_path=write_lock(tmp_path / "lock.json", pinned))
+    assert got["fetched"] is True and Path(got["path"]).is_file()
+    again = fetcher.fetch(cache=tmp_path / "cache", lock_path=tmp_path / "lock.json")
+    assert again["fetched"] is False
+    wrong = write_lock(tmp_path / "wrong.json", pinned | {"source_tree_sha256": "0" * 64})
+    with pytest.raises(fetcher.FetchError, match="unpacked tree with digest"):
+        fetcher.fetch(cache=tmp_path / "cache2", lock_path=wrong)
+    assert not list((tmp_path / "cache2" / "src").iterdir())
 
 
 def test_unpinned_release_is_refused_before_any_download(fetcher, tmp_path):

@@ -115,3 +115,11 @@ def test_function_source_finds_methods_with_decorators_and_functions() -> None:
     )
     assert overlay_pins.function_source(SOURCE, "Comm.absent") is None
     assert overlay_pins.function_source(SOURCE, "Absent.all_reduce") is None
+
+
+def test_the_lock_installs_the_vllm_the_newest_wrappers_were_written_for() -> None:
+    """One source per fact: the lock names the vLLM every image installs, the registry the release its
+    wrappers target; the newest wrapped release is the lock's, or the overlay would refuse every image."""
+    from sparkring.lock import load_lock
+
+    assert registry.WRAPPED_RELEASES[-1] == load_lock().vllm.version

@@ -36,8 +36,8 @@ def test_gid_index_reaches_the_transport_as_the_inventory_says(
     data = yaml.safe_load(EXAMPLE_RING4.read_text())
     for rank in data["ranks"]:
         for port in rank["ring_ports"]:
-            for twin in port["twins"]:
-                twin["rdma"]["gid_index"] = gid_index
+            # A fixed index names the address twin's IPv4-mapped GID; the other twin's is "auto".
+            port["twins"][0]["rdma"]["gid_index"] = gid_index
     data.pop("plugin", None)
     hostvars = cluster_hostvars(Cluster.model_validate(data))
     for host, rank_vars in hostvars.items():
@@ -45,7 +45,7 @@ def test_gid_index_reaches_the_transport_as_the_inventory_says(
         path.write_text(render_ring_json(rank_vars))
         monkeypatch.setenv("SPARKRING_RING_SPEC", str(path))
         spec = ring_spec(rank_vars["sparkring_rank"], rank_vars["sparkring_world_size"])
-        assert [[twin.gid_index for twin in port.twins] for port in spec.ports] == [[gid_index] * 2] * 2
+        assert [[twin.gid_index for twin in port.twins] for port in spec.ports] == [[gid_index, "auto"]] * 2
         assert [[twin.rdma_device for twin in port.twins] for port in spec.ports] == [
             [twin["rdma_device"] for twin in port["twins"]] for port in rank_vars["sparkring_ports"]
         ]

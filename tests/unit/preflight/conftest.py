@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
-import socket
-import sys
-import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-import ansible.module_utils
 import pytest
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.testing import patch_module_args
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.project_code import load_library_module
 
-# Ansible finds project module_utils as ansible.module_utils.<name>; so do these tests.
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-
-
-def _load_library(name: str) -> ModuleType:
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "library" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+# A folder's conftest named on the command line loads before tests/conftest.py's session start
+# exposes module_utils: the fixtures import ansible.module_utils.sparkring_* when they run.
+if TYPE_CHECKING:
+    from ansible.module_utils.sparkring_docker import Docker
 
 
 @pytest.fixture(scope="session")
@@ -39,49 +30,56 @@ def link_facts() -> ModuleType:
 
 @pytest.fixture(scope="session")
 def preflight() -> ModuleType:
-    return _load_library("sparkring_preflight")
+    return load_library_module("sparkring_preflight")
 
 
-class _UnixHTTPServer(HTTPServer):
-    address_family = socket.AF_UNIX
+@pytest.fixture(scope="session")
+def judges() -> ModuleType:
+    """Preflight's judgements (module_utils/sparkring_preflight_checks.py)."""
+    import ansible.module_utils.sparkring_preflight_checks as module
 
-    def server_bind(self):
-        self.socket.bind(self.server_address)
-
-    def get_request(self):
-        conn, _ = self.socket.accept()
-        return conn, ("local", 0)
+    return module
 
 
-# What a stand-in for dockerd answers a GET for a path: (HTTP status, body).
-DockerReply = Callable[[str], tuple[int, bytes]]
+# A stand-in for the docker CLI, as tests/unit/modules/test_docker_helper.py uses one: this machine's
+# root namespace runs no Docker daemon. It answers the calls preflight makes through the one Docker
+# helper: `version` (the daemon answers), `container inspect` from $DOCKER_STATE/<id>.json.
+DOCKER_STAND_IN = r"""#!/bin/sh
+case "$DOCKER_HOST" in
+  *absent*) echo "Cannot connect to the Docker daemon at $DOCKER_HOST. Is the docker daemon running?" >&2
+            exit 1;;
+esac
+case "$1 $2" in
+  "version --format") echo 26.1.5; exit 0;;
+  "container inspect") if [ -f "$DOCKER_STATE/$3.json" ]; then
+                         printf '['; cat "$DOCKER_STATE/$3.json"; printf ']\n'; exit 0
+                       fi
+                       echo "Error: No such container: $3" >&2; exit 1;;
+esac
+echo "unexpected docker $*" >&2
+exit 2
+"""
 
 
 @pytest.fixture
-def docker_api(tmp_path: Path) -> Iterator[Callable[[DockerReply], str]]:
-    """dockerd's API as preflight reaches it, over a unix socket: `docker_api(reply)` serves every GET
-    with reply(path) and returns the socket's path; the server stops with the test."""
-    servers: list[_UnixHTTPServer] = []
+def docker_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Docker]:
+    """`docker_cli(containers, docker_host)`: the Docker helper of a module whose docker CLI is the
+    stand-in; `containers` maps an id to the record `docker container inspect` prints for it."""
+    from ansible.module_utils.sparkring_docker import DOCKER_HOST_OPTION, Docker
 
-    def serve(reply: DockerReply) -> str:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                status, body = reply(self.path)
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    bin_dir, state = tmp_path / "docker-bin", tmp_path / "docker-state"
+    bin_dir.mkdir()
+    state.mkdir()
+    (bin_dir / "docker").write_text(DOCKER_STAND_IN)
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("DOCKER_STATE", str(state))
 
-            def log_message(self, *args):
-                pass
+    def helper(containers: dict[str, dict] | None = None, docker_host: str = "") -> Docker:
+        for cid, record in (containers or {}).items():
+            (state / f"{cid}.json").write_text(json.dumps(record))
+        with patch_module_args({"docker_host": docker_host}):
+            module = AnsibleModule(argument_spec=dict(DOCKER_HOST_OPTION))
+        return Docker(module)
 
-        path = str(tmp_path / f"docker{len(servers)}.sock")
-        server = _UnixHTTPServer(path, Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return path
-
-    yield serve
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return helper

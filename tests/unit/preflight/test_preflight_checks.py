@@ -23,16 +23,26 @@ PORT = {
     "address": "198.19.1.1",
     "prefix": 24,
     "twins": [
-        {"interface": "ring1", "address": "198.19.1.1", "rdma_device": "rocep1s0f1", "rdma_port": 1,
-         "gid_index": "auto"},
-        {"interface": "ring1b", "address": None, "rdma_device": "roceP2p1s0f1", "rdma_port": 1,
-         "gid_index": "auto"},
+        {
+            "interface": "ring1",
+            "address": "198.19.1.1",
+            "rdma_device": "rocep1s0f1",
+            "rdma_port": 1,
+            "gid_index": "auto",
+        },
+        {
+            "interface": "ring1b",
+            "address": None,
+            "rdma_device": "roceP2p1s0f1",
+            "rdma_port": 1,
+            "gid_index": "auto",
+        },
     ],
     "peer_rank": 2,
     "peer_host": "r2",
     "peer_address": "198.19.1.2",
     "peer_cage": 1,
-}  # fmt: skip
+}
 
 
 def _by_id(results):
@@ -44,66 +54,66 @@ def _assert_fail_names(result, check_id, subject):
     assert result.fix, "a failed check must say how to fix it"
 
 
-def test_non_neighbor(preflight):
-    assert preflight.judge_non_neighbor(0, 2, "198.19.1.2", [], None).status == "pass"
-    reached = preflight.judge_non_neighbor(0, 2, "198.19.1.2", ["ring0"], "ring0")
+def test_non_neighbor(judges):
+    assert judges.judge_non_neighbor(0, 2, "198.19.1.2", [], None).status == "pass"
+    reached = judges.judge_non_neighbor(0, 2, "198.19.1.2", ["ring0"], "ring0")
     _assert_fail_names(reached, "PF-NONNEIGHBOR-UNREACHABLE", "r0 -> r2 198.19.1.2")
     assert "ip_forward" in reached.fix
 
 
-def test_management(preflight, link_facts):
+def test_management(judges, link_facts):
     mgmt = {"interface": "mgmt0", "address": "198.19.254.11", "prefix": 24}
     up = link_facts.Link("mgmt0", True, "up", True, 1500, 10000)
     good = [ipaddress.IPv4Interface("198.19.254.11/24")]
-    assert preflight.judge_management(1, mgmt, up, good).status == "pass"
-    wrong = preflight.judge_management(1, mgmt, up, [ipaddress.IPv4Interface("198.19.254.12/24")])
+    assert judges.judge_management(1, mgmt, up, good).status == "pass"
+    wrong = judges.judge_management(1, mgmt, up, [ipaddress.IPv4Interface("198.19.254.12/24")])
     _assert_fail_names(wrong, "PF-MGMT-ADDR", "r1 mgmt0")
     down = link_facts.Link("mgmt0", True, "down", False, 1500, None)
-    assert preflight.judge_management(1, mgmt, down, good).status == "fail"
-    assert preflight.judge_management(1, mgmt, link_facts.Link("mgmt0", False), []).status == "fail"
+    assert judges.judge_management(1, mgmt, down, good).status == "fail"
+    assert judges.judge_management(1, mgmt, link_facts.Link("mgmt0", False), []).status == "fail"
 
 
-def test_hostname(preflight):
-    assert preflight.judge_hostname(1, "sim-r1", "sim-r1").status == "pass"
-    _assert_fail_names(preflight.judge_hostname(1, "sim-r1", "sim-r2"), "PF-SSH", "r1")
+def test_hostname(judges):
+    assert judges.judge_hostname(1, "sim-r1", "sim-r1").status == "pass"
+    _assert_fail_names(judges.judge_hostname(1, "sim-r1", "sim-r2"), "PF-SSH", "r1")
 
 
-def test_disk_and_ports(preflight):
-    gib = preflight.GIB
-    assert preflight.judge_disk("/var/lib/sparkring", "/var/lib", 30 * gib, 20).status == "pass"
-    short = preflight.judge_disk("/var/lib/sparkring", "/var/lib", 5 * gib, 20)
+def test_disk_and_ports(judges):
+    gib = judges.GIB
+    assert judges.judge_disk("/var/lib/sparkring", "/var/lib", 30 * gib, 20).status == "pass"
+    short = judges.judge_disk("/var/lib/sparkring", "/var/lib", 5 * gib, 20)
     _assert_fail_names(short, "PF-DISK-FREE", "/var/lib/sparkring")
     assert "5.0 GiB free; expected at least 20 GiB" in short.detail
-    assert preflight.judge_port_free(8000, "tcp", "vLLM API", None, []).status == "pass"
-    stranger = preflight.judge_port_free(8000, "tcp", "vLLM API", ["nginx (pid 7)"], [])
+    assert judges.judge_port_free(8000, "tcp", "vLLM API", None, []).status == "pass"
+    stranger = judges.judge_port_free(8000, "tcp", "vLLM API", ["nginx (pid 7)"], [])
     _assert_fail_names(stranger, "PF-PORTS-FREE", "8000/tcp (vLLM API)")
     assert "nginx (pid 7)" in stranger.detail
-    ours = preflight.judge_port_free(8000, "tcp", "vLLM API", ["sparkring-r0"], ["sparkring-r0"])
+    ours = judges.judge_port_free(8000, "tcp", "vLLM API", ["sparkring-r0"], ["sparkring-r0"])
     assert ours.status == "pass" and "sparkring-r0" in ours.detail
     # Holders the node cannot show (another PID namespace) fail closed.
-    assert preflight.judge_port_free(8000, "tcp", "", [], []).status == "fail"
+    assert judges.judge_port_free(8000, "tcp", "", [], []).status == "fail"
 
 
-def test_gpu(preflight):
-    assert preflight.judge_gpu(0, False, None, None).status == "skip"
-    assert preflight.judge_gpu(0, True, "0, NVIDIA GB10, GPU-1", None).status == "pass"
-    _assert_fail_names(preflight.judge_gpu(0, True, None, "nvidia-smi not found"), "PF-GPU", "r0")
+def test_gpu(judges):
+    assert judges.judge_gpu(0, False, None, None).status == "skip"
+    assert judges.judge_gpu(0, True, "0, NVIDIA GB10, GPU-1", None).status == "pass"
+    _assert_fail_names(judges.judge_gpu(0, True, None, "nvidia-smi not found"), "PF-GPU", "r0")
 
 
-def test_nccl_gid_is_checked_as_nccl_picks_it(preflight, link_facts):
+def test_nccl_gid_is_checked_as_nccl_picks_it(judges, link_facts):
     """PF-NCCL-GID: the address twin must give NCCL its IPv4 RoCE v2 GID, another twin a link-local one."""
     v4 = link_facts.Gid(3, ipaddress.IPv6Address("::ffff:198.19.1.1"), "RoCE v2", "ring1")
     v4_v1 = link_facts.Gid(2, ipaddress.IPv6Address("::ffff:198.19.1.1"), "IB/RoCE v1", "ring1")
     ll = link_facts.Gid(0, ipaddress.IPv6Address("fe80::1"), "IB/RoCE v1", "ring1b")
     stray = link_facts.Gid(3, ipaddress.IPv6Address("::ffff:198.19.1.3"), "RoCE v2", "ring1b")
-    assert preflight.judge_nccl_gid(1, PORT, 0, v4).status == "pass"
-    assert preflight.judge_nccl_gid(1, PORT, 1, ll).status == "pass"
+    assert judges.judge_nccl_gid(1, PORT, 0, v4).status == "pass"
+    assert judges.judge_nccl_gid(1, PORT, 1, ll).status == "pass"
     for twin, gid, detail in (
         (0, v4_v1, "NCCL would pick rocep1s0f1 port 1 index 2 = ::ffff:c613:101 (IB/RoCE v1); expected"),
         (0, None, "NCCL would pick rocep1s0f1 port 1 no GID; expected the RoCE v2 GID of 198.19.1.1"),
         (1, stray, "index 3 = ::ffff:c613:103 (RoCE v2); expected a link-local GID"),
     ):
-        got = preflight.judge_nccl_gid(1, PORT, twin, gid)
+        got = judges.judge_nccl_gid(1, PORT, twin, gid)
         _assert_fail_names(got, "PF-NCCL-GID", f"r1 cage1 <-> r2 cage1 ({PORT['twins'][twin]['interface']})")
         assert detail in got.detail
 
@@ -129,8 +139,10 @@ def _node(tmp_path: Path) -> str:
         net.mkdir(parents=True)
         for name, value in (("operstate", "up"), ("carrier", "1"), ("mtu", "9000"), ("speed", "200000")):
             (net / name).write_text(value + "\n")
-    link_local = {0: ("fe80:0000:0000:0000:5054:00ff:fe53:5201", "IB/RoCE v1"),
-                  1: ("fe80:0000:0000:0000:5054:00ff:fe53:5201", "RoCE v2")}  # fmt: skip
+    link_local = {
+        0: ("fe80:0000:0000:0000:5054:00ff:fe53:5201", "IB/RoCE v1"),
+        1: ("fe80:0000:0000:0000:5054:00ff:fe53:5201", "RoCE v2"),
+    }
     ipv4 = {3: ("0000:0000:0000:0000:0000:ffff:c613:0101", "RoCE v2")}
     for device, netdev, entries in (
         ("rocep1s0f1", "ring1", {**link_local, **ipv4}),
@@ -161,8 +173,14 @@ def test_every_twin_of_every_port_is_checked_by_the_shared_rules(preflight, tmp_
         assert argv[0] == "ping" and argv[-1] == "198.19.1.2" and "-I" in argv and "ring1" in argv, argv
         return 0, "2 packets transmitted, 2 received, 0% packet loss", ""
 
-    params = {"rank": 1, "fabric": "verbs", "mtu": 9000, "link_speed_mbps": 200000, "ping_timeout_s": 2,
-              "ports": [PORT]}  # fmt: skip
+    params = {
+        "rank": 1,
+        "fabric": "verbs",
+        "mtu": 9000,
+        "link_speed_mbps": 200000,
+        "ping_timeout_s": 2,
+        "ports": [PORT],
+    }
     checker = preflight.Preflight(params, run=run, which=lambda name, required: name, sysfs=_node(tmp_path))
     results = checker._ports()
     per_twin = (
@@ -188,15 +206,17 @@ def test_every_twin_of_every_port_is_checked_by_the_shared_rules(preflight, tmp_
     assert checker.gid_indices == {"ring1": 3, "ring1b": 1}
 
 
-def test_listener_and_its_holder_are_found(preflight):
+def test_listener_and_its_holder_are_found():
     """A real listening socket in this process: its port, its inode, and this PID as holder."""
+    from ansible.module_utils.sparkring_procfs import listening_sockets, socket_holders
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        inodes = preflight.listening_sockets("tcp")[port]
-        assert os.getpid() in preflight.socket_holders(inodes)
-    assert port not in preflight.listening_sockets("tcp")
+        inodes = listening_sockets("tcp")[port]
+        assert os.getpid() in socket_holders(inodes)
+    assert port not in listening_sockets("tcp")
 
 
 def test_container_id_from_cgroup(preflight, tmp_path):
@@ -215,34 +235,39 @@ def test_nearest_existing(preflight, tmp_path):
     assert preflight.nearest_existing(str(tmp_path)) == str(tmp_path)
 
 
-_DOCKER_REPLIES = {
-    "/_ping": b"OK",
-    "/version": json.dumps({"Version": "26.1.5", "ApiVersion": "1.45"}).encode(),
-    "/containers/abc/json": json.dumps(
-        {"Name": "/sparkring-r0", "Config": {"Labels": {"sparkring.cluster": "sim"}}}
-    ).encode(),
-}
+_CONTAINERS = {"abc": {"Name": "/sparkring-r0", "Config": {"Labels": {"sparkring.cluster": "sim"}}}}
 
 
-def _dockerd(path: str) -> tuple[int, bytes]:
-    """Answers the GETs preflight makes, the way dockerd does."""
-    return (
-        (200, _DOCKER_REPLIES[path])
-        if path in _DOCKER_REPLIES
-        else (404, b'{"message": "No such container"}')
+def test_container_engine_and_cluster_containers_through_the_docker_helper(preflight, docker_cli):
+    """PF-CONTAINER-ENGINE and whose container holds a port, asked through module_utils/sparkring_docker."""
+
+    def checker(cluster: str, docker) -> object:
+        params = {
+            "rank": 0,
+            "ports": [],
+            "cluster_name": cluster,
+            "docker_host": "unix:///run/rank0/docker.sock",
+        }
+        return preflight.Preflight(params, run=None, which=lambda name, required: name, docker=docker)
+
+    up = checker("sim", docker_cli(_CONTAINERS, "unix:///run/rank0/docker.sock"))
+    engine = up._container_engine()
+    assert (engine.id, engine.status, engine.subject) == (
+        "PF-CONTAINER-ENGINE",
+        "pass",
+        "unix:///run/rank0/docker.sock",
     )
-
-
-def test_docker_version_over_a_unix_socket(preflight, docker_api, tmp_path):
-    path = docker_api(_dockerd)
-    assert preflight.docker_version(f"unix://{path}") == "26.1.5 (API 1.45)"
-    assert preflight.cluster_container(f"unix://{path}", "abc", "sim") == "sparkring-r0"
-    assert preflight.cluster_container(f"unix://{path}", "abc", "other") is None
-    assert preflight.cluster_container(f"unix://{path}", "gone", "sim") is None
-    with pytest.raises(OSError):
-        preflight.docker_version(f"unix://{tmp_path}/absent.sock")
-    with pytest.raises(ValueError, match="not a unix"):
-        preflight.docker_version("tcp://127.0.0.1:2375")
+    assert engine.detail == "Docker 26.1.5 answers on unix:///run/rank0/docker.sock"
+    assert up._cluster_container("abc") == "sparkring-r0"
+    assert up._cluster_container("gone") is None
+    assert checker("other", up.docker)._cluster_container("abc") is None
+    down = checker("sim", docker_cli(_CONTAINERS, "unix:///run/absent.sock"))
+    _assert_fail_names(down._container_engine(), "PF-CONTAINER-ENGINE", "unix:///run/rank0/docker.sock")
+    assert "Cannot connect to the Docker daemon" in down._container_engine().detail
+    assert down._cluster_container("abc") is None  # no answer: the holder stays foreign
+    missing = checker("sim", None)._container_engine()
+    assert missing.status == "fail" and "no docker CLI on this node" in missing.detail
+    assert "preflight_docker_host" in missing.fix
 
 
 @pytest.mark.parametrize(
@@ -273,12 +298,12 @@ def test_module_refuses_bad_arguments(preflight, capsys, change, message):
     assert result["failed"] and message in result["msg"]
 
 
-def test_check_ids_are_documented(preflight):
+def test_check_ids_are_documented(judges):
     """docs/preflight.md's check table lists every check ID the module can emit."""
     page = (Path(__file__).resolve().parents[3] / "docs" / "preflight.md").read_text()
     first_cells = [line.split("|")[1] for line in page.splitlines() if line.startswith("| `")]
     documented = {cell.strip().strip("`") for row in first_cells for cell in row.split(", ")}
-    missing = [check for check in preflight.CHECK_IDS if check not in documented]
+    missing = [check for check in judges.CHECK_IDS if check not in documented]
     assert not missing, f"docs/preflight.md lacks {missing}"
 
 
@@ -339,7 +364,12 @@ def test_before_the_model_stage_a_missing_model_is_a_skip_that_says_why(prefligh
 
 
 def test_no_models_planned_is_a_skip_that_names_the_inventory_keys(preflight):
-    results = _by_id(preflight.Preflight({"rank": 1, "ports": [], "models": [], "model_required": True},
-                                         run=None, which=lambda name, required: name)._models())  # fmt: skip
+    results = _by_id(
+        preflight.Preflight(
+            {"rank": 1, "ports": [], "models": [], "model_required": True},
+            run=None,
+            which=lambda name, required: name,
+        )._models()
+    )
     assert {r.status for r in results.values()} == {"skip"}
     assert "no model_target/model_draft" in results["PF-MODEL-LAYOUT"].detail

@@ -3,7 +3,6 @@ less this cluster's own containers; fed with nvidia-smi's real output format and
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -76,35 +75,32 @@ def test_our_containers_are_excepted_and_everything_else_is_named(gpu, proc: str
     ]
 
 
-def test_judge_gpu_free(preflight, gpu) -> None:
+def test_judge_gpu_free(judges, gpu) -> None:
     rows = gpu.parse_compute_apps(SMI_ROWS)
-    assert preflight.judge_gpu_free(1, [], None).status == "pass"
-    assert preflight.judge_gpu_free(1, None, None).status == "skip"
-    bad = preflight.judge_gpu_free(1, rows[:1], None)
+    assert judges.judge_gpu_free(1, [], None).status == "pass"
+    assert judges.judge_gpu_free(1, None, None).status == "skip"
+    bad = judges.judge_gpu_free(1, rows[:1], None)
     assert (bad.id, bad.status, bad.subject) == ("PF-GPU-FREE", "fail", "r1")
     assert "pid 2817 /usr/bin/python3 (40960 MiB" in bad.detail and "stop those processes" in bad.fix
-    error = preflight.judge_gpu_free(1, None, "nvidia-smi exit 9")
+    error = judges.judge_gpu_free(1, None, "nvidia-smi exit 9")
     assert error.status == "fail" and "cannot tell who holds the GPU" in error.detail
 
 
-def _dockerd(path: str) -> tuple[int, bytes]:
-    """dockerd's GET /containers/<id>/json: OURS carries this cluster's label, OTHER another's."""
-    labels = {OURS: {"sparkring.cluster": "ring4"}, OTHER: {"com.example": "notebook"}}
-    cid = path.split("/")[2]
-    known = path == f"/containers/{cid}/json" and cid in labels
-    return (200 if known else 404), json.dumps(
-        {"Name": f"/{cid[:4]}", "Config": {"Labels": labels.get(cid)}}
-    ).encode()
+# What `docker container inspect` tells of each: OURS carries this cluster's label, OTHER another's.
+CONTAINERS = {
+    OURS: {"Name": f"/{OURS[:4]}", "Config": {"Labels": {"sparkring.cluster": "ring4"}}},
+    OTHER: {"Name": f"/{OTHER[:4]}", "Config": {"Labels": {"com.example": "notebook"}}},
+}
 
 
 def test_preflight_reads_nvidia_smi_and_asks_docker_whose_container_it_is(
-    preflight, gpu, proc: str, docker_api, monkeypatch: pytest.MonkeyPatch
+    preflight, gpu, proc: str, docker_cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The module's own path: nvidia-smi's rows, /proc, the Docker API for the cluster label."""
+    """The module's own path: nvidia-smi's rows, /proc, the Docker helper for the cluster label."""
     monkeypatch.setattr(
         preflight, "foreign_processes", lambda rows, ours: gpu.foreign_processes(rows, ours, proc)
     )
-    path = docker_api(_dockerd)
+    docker = docker_cli(CONTAINERS, "unix:///run/rank2/docker.sock")
     calls = []
 
     def run(argv):
@@ -115,10 +111,11 @@ def test_preflight_reads_nvidia_smi_and_asks_docker_whose_container_it_is(
         "rank": 2,
         "ports": [],
         "cluster_name": "ring4",
-        "docker_host": f"unix://{path}",
+        "docker_host": "unix:///run/rank2/docker.sock",
         "require_gpu": True,
     }
-    result = preflight.Preflight(params, run, lambda name, required: f"/usr/bin/{name}")._gpu_free()
+    checker = preflight.Preflight(params, run, lambda name, required: f"/usr/bin/{name}", docker=docker)
+    result = checker._gpu_free()
     assert calls == [["/usr/bin/nvidia-smi", *gpu.COMPUTE_APPS_ARGS]]
     assert (result.id, result.status, result.subject) == ("PF-GPU-FREE", "fail", "r2")
     assert "pid 2817 /usr/bin/python3" in result.detail and "pid 4242" in result.detail

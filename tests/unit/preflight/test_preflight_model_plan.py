@@ -9,11 +9,7 @@ skipped (no node is contacted) and its argument check and defaults are exactly t
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +18,9 @@ from sparkring.lock import load_lock
 from sparkring.models import model_pins
 from sparkring.profile import load_profile_file
 
+from tests.project_code import run_json_play
+
 ROOT = Path(__file__).resolve().parents[3]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 PLAY = """\
 - name: Plan the preflight (the role's defaults and argument check, no task on a node)
   hosts: sparkring
@@ -40,33 +37,13 @@ PLAY = """\
 
 def plan(inventory: Path, tmp_path: Path) -> tuple[int, dict[str, Any]]:
     """Run the preflight role's plan against `inventory`: (rc, host -> the plan task or the failure)."""
-    playbook = tmp_path / "plan.yml"
-    playbook.write_text(PLAY, encoding="utf-8")
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    result = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(playbook), "--tags", "plan"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    try:
-        (play,) = json.loads(result.stdout)["plays"]
-    except (ValueError, KeyError) as error:
-        raise AssertionError(f"no JSON play from ansible-playbook ({error}): {result.stderr}") from None
+    rc, tasks = run_json_play(PLAY, inventory, tmp_path, "--tags", "plan")
     hosts: dict[str, Any] = {}
-    for task in play["tasks"]:
+    for task in tasks:
         for host, outcome in task["hosts"].items():
             if outcome.get("failed") or "preflight_models" in outcome:
                 hosts[host] = outcome
-    return result.returncode, hosts
+    return rc, hosts
 
 
 @pytest.mark.parametrize("name", ["example/ring4", "example/pair"])
@@ -93,7 +70,7 @@ def test_a_named_model_the_lock_does_not_pin_is_refused_on_every_rank(tmp_path):
     """The ring4 example once its operator names the model but has not pinned it in the lock yet."""
     inventory = tmp_path / "ring4"
     shutil.copytree(ROOT / "inventories" / "example" / "ring4", inventory)
-    (inventory / "group_vars" / "sparkring").mkdir(parents=True)
+    (inventory / "group_vars" / "sparkring").mkdir(parents=True, exist_ok=True)
     (inventory / "group_vars" / "sparkring" / "model.yml").write_text("model_target: glm-5.3-flash\n")
     rc, hosts = plan(inventory, tmp_path)
     assert rc != 0

@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import ModuleType
 
-import ansible.module_utils
 import pytest
-
-ROOT = Path(__file__).resolve().parents[3]
-
-# Ansible finds project module_utils as ansible.module_utils.<name>; so do these tests.
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
 
 
 @pytest.fixture(scope="session")

@@ -20,23 +20,37 @@ PORT = {
     "address": "198.19.1.1",
     "prefix": 24,
     "twins": [
-        {"interface": "ring1", "address": "198.19.1.1", "rdma_device": "rocep1s0f1", "rdma_port": 1,
-         "gid_index": "auto"},
-        {"interface": "ring1b", "address": None, "rdma_device": "roceP2p1s0f1", "rdma_port": 1,
-         "gid_index": "auto"},
+        {
+            "interface": "ring1",
+            "address": "198.19.1.1",
+            "rdma_device": "rocep1s0f1",
+            "rdma_port": 1,
+            "gid_index": "auto",
+        },
+        {
+            "interface": "ring1b",
+            "address": None,
+            "rdma_device": "roceP2p1s0f1",
+            "rdma_port": 1,
+            "gid_index": "auto",
+        },
     ],
     "peer_rank": 2,
     "peer_host": "r2",
     "peer_address": "198.19.1.2",
     "peer_interface": "ring1",
     "peer_cage": 1,
-}  # fmt: skip
+}
 EDGE = "r1 cage1 <-> r2 cage1"
 ZERO = ":".join(["0000"] * 8)
-LINK_LOCAL = {0: ("fe80:0000:0000:0000:5054:00ff:fe53:5201", "IB/RoCE v1"),
-              1: ("fe80:0000:0000:0000:5054:00ff:fe53:5201", "RoCE v2")}  # fmt: skip
-IPV4 = {2: ("0000:0000:0000:0000:0000:ffff:c613:0101", "IB/RoCE v1"),
-        3: ("0000:0000:0000:0000:0000:ffff:c613:0101", "RoCE v2")}  # fmt: skip
+LINK_LOCAL = {
+    0: ("fe80:0000:0000:0000:5054:00ff:fe53:5201", "IB/RoCE v1"),
+    1: ("fe80:0000:0000:0000:5054:00ff:fe53:5201", "RoCE v2"),
+}
+IPV4 = {
+    2: ("0000:0000:0000:0000:0000:ffff:c613:0101", "IB/RoCE v1"),
+    3: ("0000:0000:0000:0000:0000:ffff:c613:0101", "RoCE v2"),
+}
 
 
 def rdma_port(root: Path, device: str, netdev: str, entries: dict, state: str = "4: ACTIVE", slots: int = 8):
@@ -138,9 +152,16 @@ def test_each_rule_fails_naming_the_twin_with_a_fix(checks, link_facts):
     assert "twin interfaces of ranks[1].ring_ports cage 1" in gone[0].fix
 
 
-@pytest.mark.parametrize(("speed", "wanted", "status"), [(200000, 200000, "pass"), (100000, 200000, "fail"),
-                                                          (400000, 200000, "fail"), (None, 200000, "skip"),
-                                                          (10000, None, "skip")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("speed", "wanted", "status"),
+    [
+        (200000, 200000, "pass"),
+        (100000, 200000, "fail"),
+        (400000, 200000, "fail"),
+        (None, 200000, "skip"),
+        (10000, None, "skip"),
+    ],
+)
 def test_link_speed_is_exactly_the_inventory_s(checks, link_facts, speed, wanted, status):
     found = by_id(
         checks.link_checks("CQ", 1, PORT, 0, link(link_facts, "ring1", speed_mbps=speed), 9000, wanted)

@@ -369,3 +369,39 @@ def test_prefetcher_stops_quietly_at_a_missing_segment(tmp_path: Path) -> None:
         while prefetch_threads() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not prefetch_threads()  # ended on its own; the readers report the missing file
+
+
+def test_an_unwritable_store_skips_publication_naming_the_cause(store: SparkCacheStore) -> None:
+    """The store made immutable under the running writer (`chattr +i`, which stops root too): the
+    publication is skipped with the errno's name as its cause (what /metrics counts as
+    sparkring:sparkcache_publication_failures_total{reason="eperm"}), and serving goes on."""
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("chattr +i needs root and e2fsprogs' chattr")
+    kept = publish_prompt(store, prompt(50, 1))
+    frozen = store.dir / "tmp"
+    if subprocess.run(["chattr", "+i", str(frozen)], capture_output=True, check=False).returncode != 0:
+        pytest.skip(f"this filesystem has no immutable flag ({frozen})")
+    try:
+        keys = chunk_keys(prompt(51, 2))
+        result = store.publish(keys, 512, {k: page(store, k) for k in keys})
+    finally:
+        subprocess.run(["chattr", "-i", str(frozen)], check=True)
+    assert (result.status, result.cause) == ("skipped", "eperm"), result
+    assert "Operation not permitted" in result.reason
+    assert store.match(keys) == 0 and store.match(kept) == 1
+
+
+def test_every_skip_has_a_cause_and_a_publication_has_none(tmp_path: Path) -> None:
+    store = SparkCacheStore(tmp_path, IDENTITY, StoreLimits(max_bytes=8192), writer=True)
+    try:
+        keys = chunk_keys(prompt(60, 1))
+        assert store.publish(keys, 256, {k: page(store, k, 1000) for k in keys}).cause == ""
+        big = chunk_keys(prompt(61, 1))
+        assert store.publish(big, 256, {big[0]: page(store, big[0], 1 << 16)}).cause == "too_large"
+        two = chunk_keys(prompt(62, 2))
+        assert store.publish(two, 512, {}).cause == "pages_missing"
+    finally:
+        store.close()
+    assert store_module.publication_cause(OSError(28, "No space left on device")) == "disk_full"
+    assert store_module.publication_cause(OSError(30, "Read-only file system")) == "erofs"
+    assert store_module.publication_cause(KeyError("k")) == "keyerror"

@@ -58,9 +58,13 @@ def test_the_lock_and_the_image_probe_hash_a_tree_alike(tmp_path: Path) -> None:
     # As in the image: the probe runs with the integrity copy's folder as its working directory.
     done = subprocess.run(
         [sys.executable, "-c", sparkring_attest.IMAGE_PROBE, str(nccl), "pkg", "absent_pkg"],
-        cwd=ROOT / "module_utils", env={"PYTHONPATH": str(tmp_path)},
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        cwd=ROOT / "module_utils",
+        env={"PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     probe = json.loads(done.stdout)
     assert probe["packages"]["pkg"] == {"path": str(top), "sha256": expected}
     assert probe["packages"]["absent_pkg"] == {"path": None, "sha256": None}
@@ -79,9 +83,21 @@ def test_write_json_atomic_replaces_whole_or_not_at_all(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["HF_TOKEN", "VLLM_API_KEY", "api_key", "apiKey", "api-key", "private_key", "password", "DB_PASSWD",
-     "passphrase", "AWS_SECRET_ACCESS_KEY", "GIT_CREDENTIALS", "x_secret"],
-)  # fmt: skip
+    [
+        "HF_TOKEN",
+        "VLLM_API_KEY",
+        "api_key",
+        "apiKey",
+        "api-key",
+        "private_key",
+        "password",
+        "DB_PASSWD",
+        "passphrase",
+        "AWS_SECRET_ACCESS_KEY",
+        "GIT_CREDENTIALS",
+        "x_secret",
+    ],
+)
 def test_secret_names(name: str) -> None:
     assert integrity.is_secret_name(name)
 

@@ -7,7 +7,7 @@ import pytest
 from transport_ranks import run_ring
 
 from transport import reference
-from transport.buffers import BF16, F16, F32
+from transport.buffers import BF16, F16, F32, bf16_from_bits, result_bytes
 from transport.comm import Communicator, lse_combine_local
 from transport.errors import RendezvousError
 
@@ -22,18 +22,8 @@ def _input(rank: int, n: int, dtype: str, salt: int = 0) -> np.ndarray:
     return x.astype(dtype)
 
 
-def _torch_bf16(bits: np.ndarray):
-    import torch
-
-    return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
-
-
 def _bits(y) -> np.ndarray:
-    if isinstance(y, np.ndarray):
-        return y.view(np.uint8).reshape(-1).copy()
-    import torch
-
-    return y.contiguous().view(torch.uint8).numpy().reshape(-1).copy()
+    return result_bytes(y).copy()
 
 
 def collectives_rank(spec, tcp_port: int, algorithms: tuple[str, ...], dtypes: tuple[str, ...]) -> dict:
@@ -42,17 +32,19 @@ def collectives_rank(spec, tcp_port: int, algorithms: tuple[str, ...], dtypes: t
         for dtype in dtypes:
             for n in SIZES:
                 x = _input(spec.rank, n, dtype)
-                arg = _torch_bf16(x) if dtype == "bfloat16" else x
+                arg = bf16_from_bits(x) if dtype == "bfloat16" else x
                 for algo in algorithms:
                     out[("all_reduce", dtype, n, algo)] = _bits(comm.all_reduce(arg, algo))
-                inplace = arg.clone() if dtype == "bfloat16" else arg.copy()
+                inplace = arg.clone() if hasattr(arg, "clone") else arg.copy()
                 assert comm.all_reduce(inplace, out=inplace) is inplace
                 assert np.array_equal(_bits(inplace), out[("all_reduce", dtype, n, "auto")])
             q = _input(spec.rank, 3 * 2 * 8, dtype, 1).reshape(3, 2, 8)
-            qa = _torch_bf16(q) if dtype == "bfloat16" else q
+            qa = bf16_from_bits(q) if dtype == "bfloat16" else q
             out[("dcp", dtype)] = _bits(comm.dcp_query_all_gather(qa))
             v = _input(spec.rank, 5 * 11, dtype, 2).reshape(5, 11)
-            out[("vocab", dtype)] = _bits(comm.vocab_all_gather(_torch_bf16(v) if dtype == "bfloat16" else v))
+            out[("vocab", dtype)] = _bits(
+                comm.vocab_all_gather(bf16_from_bits(v) if dtype == "bfloat16" else v)
+            )
             lse = np.random.default_rng(spec.rank).standard_normal((3, 2)).astype(np.float32)
             lse[0, 0] = [np.nan, np.inf, -np.inf, 1.0][spec.rank % 4]  # empty shards count as -inf
             lse[1, 1] = -np.inf  # every shard empty here: out 0, lse -inf
@@ -62,7 +54,7 @@ def collectives_rank(spec, tcp_port: int, algorithms: tuple[str, ...], dtypes: t
     return out
 
 
-# bf16 (torch in every rank) on the four-rank ring only, to keep the spawned ranks light.
+# bf16 (torch or ml_dtypes in every rank) on the four-rank ring only, to keep the spawned ranks light.
 @pytest.mark.parametrize(
     ("world", "algorithms", "dtypes", "port"),
     [

@@ -9,14 +9,50 @@ import sys
 from transport_ranks import PREFIX
 
 LINK_KEYS = {"peer_rank", "cage", "address", "peer_address", "pingpong", "bandwidth"}
-TOP_KEYS = {"schema", "ok", "error", "rank", "world", "fabric", "hostname", "started_utc", "seconds", "settings",
-            "links", "burns", "stats"}  # fmt: skip
+TOP_KEYS = {
+    "schema",
+    "ok",
+    "error",
+    "rank",
+    "world",
+    "fabric",
+    "hostname",
+    "started_utc",
+    "seconds",
+    "settings",
+    "links",
+    "burns",
+    "stats",
+}
 
 
 def test_probe_qualifies_links_and_burns_byte_exactly() -> None:
-    cmd = [sys.executable, "-m", "transport", "probe", "--world", "4", "--ring-prefix", PREFIX, "--tcp-port", "28670",
-           "--pingpong-iters", "50", "--bw-size", "1048576", "--bw-iters", "2", "--burn", "all_reduce,lse_combine",
-           "--burn-dtype", "float32,bfloat16", "--burn-iters", "100", "--timeout", "20"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "transport",
+        "probe",
+        "--world",
+        "4",
+        "--ring-prefix",
+        PREFIX,
+        "--tcp-port",
+        "28670",
+        "--pingpong-iters",
+        "50",
+        "--bw-size",
+        "1048576",
+        "--bw-iters",
+        "2",
+        "--burn",
+        "all_reduce,lse_combine",
+        "--burn-dtype",
+        "float32,bfloat16",
+        "--burn-iters",
+        "100",
+        "--timeout",
+        "20",
+    ]
     procs = [subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, text=True) for r in range(4)]
     docs = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], [d["error"] for d in docs]
@@ -38,8 +74,24 @@ def test_probe_qualifies_links_and_burns_byte_exactly() -> None:
 
 
 def test_probe_reports_an_unreachable_peer_as_json() -> None:
-    cmd = [sys.executable, "-m", "transport", "probe", "--rank", "0", "--world", "2", "--address", "127.77.9.1",
-           "--peer-address", "127.77.9.2", "--tcp-port", "28680", "--setup-timeout", "1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "transport",
+        "probe",
+        "--rank",
+        "0",
+        "--world",
+        "2",
+        "--address",
+        "127.77.9.1",
+        "--peer-address",
+        "127.77.9.2",
+        "--tcp-port",
+        "28680",
+        "--setup-timeout",
+        "1",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1 and not doc["ok"]
@@ -48,13 +100,40 @@ def test_probe_reports_an_unreachable_peer_as_json() -> None:
 
 def test_probe_reads_its_ring_from_a_ring_spec_on_stdin() -> None:
     """How cable qualification runs it: a two-rank ring on one cable, the ports from stdin."""
-    cmd = [sys.executable, "-m", "transport", "probe", "--ring-spec", "-", "--tcp-port", "28690",
-           "--pingpong-iters", "20", "--bw-size", "65536", "--bw-iters", "4", "--burn", "none"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "transport",
+        "probe",
+        "--ring-spec",
+        "-",
+        "--tcp-port",
+        "28690",
+        "--pingpong-iters",
+        "20",
+        "--bw-size",
+        "65536",
+        "--bw-iters",
+        "4",
+        "--burn",
+        "none",
+    ]
     specs = [
-        {"rank": rank, "world": 2, "ports": [{"cage": 0, "address": f"127.77.9.{rank + 1}", "peer_rank": 1 - rank,
-                                              "peer_address": f"127.77.9.{2 - rank}", "twins": []}]}
+        {
+            "rank": rank,
+            "world": 2,
+            "ports": [
+                {
+                    "cage": 0,
+                    "address": f"127.77.9.{rank + 1}",
+                    "peer_rank": 1 - rank,
+                    "peer_address": f"127.77.9.{2 - rank}",
+                    "twins": [],
+                }
+            ],
+        }
         for rank in (0, 1)
-    ]  # fmt: skip
+    ]
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in specs]
     for proc, spec in zip(procs, specs, strict=True):  # both ranks get their ring before either is waited on
         proc.stdin.write(json.dumps(spec))
@@ -70,20 +149,43 @@ def test_probe_reads_its_ring_from_a_ring_spec_on_stdin() -> None:
 
 def test_the_flip_hook_makes_a_burn_fail_on_that_rank_only() -> None:
     """The gate's test hook: one rank flips a byte of its first result; only its burns mismatch."""
-    cmd = [sys.executable, "-m", "transport", "probe", "--world", "4", "--ring-prefix", PREFIX, "--tcp-port", "28710",
-           "--skip-links", "--burn", "all_gather,vocab_all_gather", "--burn-size", "16384,1048576",
-           "--burn-iters", "20,2", "--timeout", "20"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "transport",
+        "probe",
+        "--world",
+        "4",
+        "--ring-prefix",
+        PREFIX,
+        "--tcp-port",
+        "28710",
+        "--skip-links",
+        "--burn",
+        "all_gather,vocab_all_gather",
+        "--burn-size",
+        "16384,1048576",
+        "--burn-iters",
+        "20,2",
+        "--timeout",
+        "20",
+    ]
     procs = [
-        subprocess.Popen([*cmd, "--rank", str(r), *(["--test-flip-result"] if r == 2 else [])], stdout=subprocess.PIPE,
-                         text=True)
+        subprocess.Popen(
+            [*cmd, "--rank", str(r), *(["--test-flip-result"] if r == 2 else [])],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for r in range(4)
-    ]  # fmt: skip
+    ]
     docs = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 1, 0], [d["error"] for d in docs]
     for rank, doc in enumerate(docs):
         assert [(b["collective"], b["size_bytes"], b["iterations"]) for b in doc["burns"]] == [
-            ("all_gather", 16384, 20), ("all_gather", 1048576, 2),
-            ("vocab_all_gather", 16384, 20), ("vocab_all_gather", 1048576, 2),
-        ]  # fmt: skip
+            ("all_gather", 16384, 20),
+            ("all_gather", 1048576, 2),
+            ("vocab_all_gather", 16384, 20),
+            ("vocab_all_gather", 1048576, 2),
+        ]
         assert [b["mismatches"] for b in doc["burns"]] == ([1, 1, 1, 1] if rank == 2 else [0, 0, 0, 0])
     assert docs[2]["error"] == "4 check(s) saw mismatched payloads"

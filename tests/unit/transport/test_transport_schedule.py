@@ -113,13 +113,25 @@ def test_from_hostvars_reads_the_contract_names() -> None:
         "sparkring_rank": 3,
         "sparkring_world_size": 4,
         "sparkring_ports": [
-            {"cage": 0, "address": "198.19.2.2", "peer_rank": 2, "peer_address": "198.19.2.1",
-             "twins": [{"rdma_device": None, "rdma_port": None, "gid_index": None}]},
-            {"cage": 1, "address": "198.19.3.1", "peer_rank": 0, "peer_address": "198.19.3.2",
-             "twins": [{"rdma_device": "rocep1s0f1", "rdma_port": 1, "gid_index": 3},
-                       {"rdma_device": "roceP2p1s0f1", "rdma_port": 1, "gid_index": None}]},
+            {
+                "cage": 0,
+                "address": "198.19.2.2",
+                "peer_rank": 2,
+                "peer_address": "198.19.2.1",
+                "twins": [{"rdma_device": None, "rdma_port": None, "gid_index": None}],
+            },
+            {
+                "cage": 1,
+                "address": "198.19.3.1",
+                "peer_rank": 0,
+                "peer_address": "198.19.3.2",
+                "twins": [
+                    {"rdma_device": "rocep1s0f1", "rdma_port": 1, "gid_index": 3},
+                    {"rdma_device": "roceP2p1s0f1", "rdma_port": 1, "gid_index": None},
+                ],
+            },
         ],
-    }  # fmt: skip
+    }
     spec = from_hostvars(hostvars)
     assert spec.rank == 3 and spec.left == 2 and spec.right == 0
     assert spec.port_to(2).twins == ()  # tcp: no RDMA devices

@@ -58,16 +58,30 @@ def entry_point_dir(root: Path) -> Path:
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sparkring-overlay-test\nVersion: 0\n")
     (info / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nsparkring_overlay = overlay.plugin:register\n"
+        "[vllm.general_plugins]\nsparkring_overlay = overlay.plugin:register\n\n"
+        "[vllm.endpoint_plugins]\nsparkring_fault = overlay.endpoint:FaultEndpoint\n"
     )
     return root
 
 
 def image_record(workdir: Path) -> Path:
-    """What the sim image's /opt/sparkring/image.json tells the overlay: the lock's pins for it."""
+    """What the sim image's /opt/sparkring/image.json tells the overlay: the lock's pins for it (and,
+    for images/entrypoint.py, a build record with no files to check: the sources run from the tree)."""
     pins = load_lock().overlay_pins_for("sim")
     path = workdir / "image.json"
-    path.write_text(json.dumps({"flavor": "sim", "overlay_pins": pins.model_dump() if pins else None}))
+    path.write_text(
+        json.dumps(
+            {
+                "flavor": "sim",
+                "overlay_pins": pins.model_dump() if pins else None,
+                "vllm_version": "0.32.0+cpu",
+                "files_root": str(REPO),
+                "files": {},
+                "lock_sha256": "",
+                "sources_sha256": {},
+            }
+        )
+    )
     return path
 
 
@@ -83,6 +97,7 @@ def node_env(workdir: Path, rank: int, extra: dict[str, str], pythonpath: list[P
         TORCHINDUCTOR_CACHE_DIR=str(workdir.parent / "inductor"),  # shared by the rings of one test module
         SPARKRING_TRANSPORT_CACHE=str(workdir.parent / "transport-cache"),
         SPARKRING_OVERLAY_RECORDER_DIR=str(workdir / "flight"),
+        SPARKRING_FAULT_PATH=str(scratch / "sparkring-fault.json"),  # one per node, as one per container
         SPARKRING_IMAGE_JSON=str(image_record(workdir)),
         VLLM_CPU_KVCACHE_SPACE="1",
         VLLM_CPU_OMP_THREADS_BIND=str(rank % 2),
@@ -90,7 +105,9 @@ def node_env(workdir: Path, rank: int, extra: dict[str, str], pythonpath: list[P
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
         HF_HUB_OFFLINE="1",
-        PYTHONPATH=os.pathsep.join(str(p) for p in [*pythonpath, entry_point_dir(workdir / "ep"), REPO]),
+        PYTHONPATH=os.pathsep.join(
+            str(p) for p in [*pythonpath, entry_point_dir(workdir / "ep"), REPO, REPO / "module_utils"]
+        ),
         PATH=f"{VLLM_BIN}:{env.get('PATH', '')}",
     )
     env.update(extra)
@@ -107,24 +124,50 @@ class VllmRing:
         env: dict[str, str] | None = None,
         pythonpath: list[Path] | None = None,
         args: list[str] | None = None,
+        entrypoint: bool = False,
     ) -> None:
         self.workdir, self.world = workdir, world
-        self.extra = {"SPARKRING_RING_PREFIX": RING_PREFIX, "SPARKRING_TRANSPORT_PORT": str(free_port()),
-                      **(env or {})}  # fmt: skip
+        self.extra = {
+            "SPARKRING_RING_PREFIX": RING_PREFIX,
+            "SPARKRING_TRANSPORT_PORT": str(free_port()),
+            **(env or {}),
+        }
         self.pythonpath = pythonpath or []
         self.args = args or []
+        self.entrypoint = entrypoint  # run each node as the container does: images/entrypoint.py
         self.port, self.master_port = free_port(), free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
         workdir.mkdir(parents=True, exist_ok=True)
 
     def argv(self, rank: int) -> list[str]:
-        argv = [str(VLLM_BIN / "vllm"), "serve", str(sim_model()), "--dtype", "float32",
-                "--max-model-len", "1024", "--enforce-eager", "--tensor-parallel-size", str(self.world),
-                "--distributed-timeout-seconds", "60"]  # fmt: skip
+        argv = [
+            str(VLLM_BIN / "vllm"),
+            "serve",
+            str(sim_model()),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "1024",
+            "--enforce-eager",
+            "--tensor-parallel-size",
+            str(self.world),
+            "--distributed-timeout-seconds",
+            "60",
+        ]
         if self.world > 1:
-            argv += ["--nnodes", str(self.world), "--node-rank", str(rank),
-                     "--master-addr", "127.0.0.1", "--master-port", str(self.master_port)]  # fmt: skip
+            argv += [
+                "--nnodes",
+                str(self.world),
+                "--node-rank",
+                str(rank),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(self.master_port),
+            ]
         argv += self.args
+        if self.entrypoint:
+            argv = [str(VLLM_BIN / "python"), str(REPO / "images" / "entrypoint.py"), *argv[1:]]
         if rank:
             return [*argv, "--headless"]
         return [*argv, "--host", "127.0.0.1", "--port", str(self.port)]
@@ -197,8 +240,13 @@ class VllmRing:
 
     def complete(self, prompt: str, max_tokens: int = 24) -> tuple[str, float, int]:
         """Greedy completion: (text, seconds, completion tokens)."""
-        body = {"model": str(sim_model()), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                "ignore_eos": True}  # fmt: skip
+        body = {
+            "model": str(sim_model()),
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.port}/v1/completions",
             json.dumps(body).encode(),

@@ -6,26 +6,21 @@ from __future__ import annotations
 import functools
 import sys
 import types
-from collections import Counter
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
 
-# The overlay as a worker has it after a few collectives: recorder counters and ring groups.
-recorder = types.ModuleType("overlay.recorder")
-recorder.RECORDER = types.SimpleNamespace(
-    counters=Counter(
-        {"all_reduce.ring": 5, "all_reduce.shadow_compared": 5, "all_reduce.error": 1, "cable_error.0-1": 1}
-    )
+from overlay.recorder import RECORDER
+from overlay.ring import GROUPS
+
+# The overlay as a worker has it after a few collectives (sparkcache.metrics imports these very
+# objects): recorder counters, and a ring group whose communicator reports its bytes per neighbour.
+RECORDER.counters.update(
+    {"all_reduce.ring": 5, "all_reduce.shadow_compared": 5, "all_reduce.error": 1, "cable_error.0-1": 1}
 )
-ring = types.ModuleType("overlay.ring")
-ring.GROUPS = types.SimpleNamespace(
-    stats=lambda: {
-        "tp:0": {1: {"bytes_tx": 4096, "bytes_rx": 4096}, 3: {"bytes_tx": 1024}},
-        "tp:0.progress": {},
-    }
+GROUPS._comms["tp:0"] = types.SimpleNamespace(
+    stats=lambda: {1: {"bytes_tx": 4096, "bytes_rx": 4096}, 3: {"bytes_tx": 1024}}
 )
-sys.modules["overlay.recorder"], sys.modules["overlay.ring"] = recorder, ring
 
 from sparkcache.connector import SparkCacheConnector  # noqa: E402
 from sparkcache.metrics import Telemetry  # noqa: E402
@@ -33,10 +28,12 @@ from sparkcache.metrics import Telemetry  # noqa: E402
 worker = Telemetry(rank=0)
 worker.count("sparkcache_pages", 3, event="stored")
 first = worker.delta()
-recorder.RECORDER.counters["all_reduce.ring"] += 2
+RECORDER.counters["all_reduce.ring"] += 2
 worker.count("sparkcache_pages", 2, event="restored")
 worker.count("sparkcache_restore_bytes", 8 << 20)
 worker.count("sparkcache_restore_seconds", 0.5)
+worker.count("sparkcache_publication_failures", reason="eperm")
+worker.count("sparkcache_publication_failures", 2, reason="disk_full")
 second = worker.delta()
 assert worker.delta() == {}, "nothing moved: nothing to report"
 

@@ -16,9 +16,13 @@ pytestmark = pytest.mark.skipif(vllm_missing_reason() is not None, reason=str(vl
 def exposition() -> str:
     done = subprocess.run(
         [str(VLLM_BIN / "python"), str(Path(__file__).with_name("metrics_probe.py"))],
-        cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -44,3 +48,13 @@ def test_sparkcache_pages_and_restore_rate(exposition: str) -> None:
     assert sample(exposition, "sparkring:sparkcache_pages_total", event="restored", rank="0") == 2
     assert sample(exposition, "sparkring:sparkcache_restore_bytes_total", rank="0") == 8 << 20
     assert sample(exposition, "sparkring:sparkcache_restore_bytes_per_second", rank="0") == 16 << 20
+
+
+def test_sparkcache_publication_failures_per_rank_and_reason(exposition: str) -> None:
+    assert (
+        sample(exposition, "sparkring:sparkcache_publication_failures_total", rank="0", reason="eperm") == 1
+    )
+    assert (
+        sample(exposition, "sparkring:sparkcache_publication_failures_total", rank="0", reason="disk_full")
+        == 2
+    )

@@ -199,9 +199,11 @@ def full_disk(published: dict[str, object]):
         subprocess.run(["umount", "--lazy", str(mnt)], check=True)
 
 
-def test_other_geometry_on_a_full_disk_is_ignored_and_serving_continues(
+def test_other_geometry_on_a_full_disk_is_ignored_counted_and_serving_continues(
     published: dict[str, object], full_disk: Path
 ) -> None:
+    """A store that cannot take the publication (a full disk): serving goes on, nothing is
+    half-published, and rank 0's /metrics counts the failure with its reason (issue 29)."""
     before = {p.name for p in manifests(full_disk)}
     args = vllm_serve_args(SparkCacheSettings(root=full_disk, reserve_bytes=0), {"SPARKCACHE_ENABLED": "1"})
     p1 = prompts()[0]
@@ -209,6 +211,19 @@ def test_other_geometry_on_a_full_disk_is_ignored_and_serving_continues(
         first = server.complete(p1)
         wait_for(lambda: "SparkCache: snapshot" in server.log(), 60, "the publication attempt")
         second = server.complete(p1[:700])
+
+        def failure_counted() -> bool:  # a later step carries the publisher's counts to /metrics
+            server.complete(p1[:8])
+            failures = sample(
+                server.metrics(),
+                "sparkring:sparkcache_publication_failures_total",
+                str(published["model"]),
+                rank="0",
+                reason="disk_full",
+            )
+            return (failures or 0) >= 1
+
+        wait_for(failure_counted, 60, "rank 0's /metrics counting the skipped publication as disk_full")
         metrics = server.metrics()
         log = server.log()
     assert first["text"] and second["text"]  # served throughout
