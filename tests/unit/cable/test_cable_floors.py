@@ -411,22 +411,3 @@ def test_the_sim_floor_sits_under_the_shaped_link(cable_module):
     assert (root / "inventories/sim-pair/group_vars/all/qualify.yml").resolve() == (
         root / "inventories/sim/group_vars/sparkring/qualify.yml"
     ).resolve()
-
-
-def test_the_bandwidth_helper_ships_to_nodes_with_the_standard_library_only():
-    import ast
-    import sys
-
-    tree = ast.parse(Path(rdma_bw.__file__).read_text())
-    names = {
-        alias.name.split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import)
-        for alias in node.names
-    }
-    names |= {
-        node.module.split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module
-    }
-    assert names - {"__future__"} <= set(sys.stdlib_module_names), names

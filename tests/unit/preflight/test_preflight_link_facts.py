@@ -203,24 +203,3 @@ def test_rdma_port_state(link_facts, tmp_path):
     assert not link_facts.read_rdma_port("rocep1s0f0", 2, sysfs).exists
     assert link_facts.rdma_devices(sysfs) == ["rocep1s0f0"]
     assert link_facts.rdma_devices(str(tmp_path / "none")) == []
-
-
-def test_module_utils_is_stdlib_only():
-    """It ships to the nodes: nothing but the standard library may be imported."""
-    import ast
-    import sys
-
-    source = Path(__file__).resolve().parents[3] / "module_utils" / "sparkring_link_facts.py"
-    tree = ast.parse(source.read_text())
-    names = {
-        alias.name.split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import)
-        for alias in node.names
-    }
-    names |= {
-        node.module.split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module
-    }
-    assert names - {"__future__"} <= set(sys.stdlib_module_names), names
