@@ -72,25 +72,20 @@ def test_the_roles_cache_variables_follow_their_knobs(tmp_path: Path) -> None:
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
     )
     playbook = Path(sys.executable).with_name("ansible-playbook")
-    done = subprocess.run(
-        [str(playbook), "-i", "localhost,", str(play)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "caches /tmp/ci-image /tmp/ci-nccl" in done.stdout
+
+    def play_output() -> str:
+        done = subprocess.run(
+            [str(playbook), "-i", "localhost,", str(play)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert "caches /tmp/ci-image /tmp/ci-nccl" in play_output()
     del env["SPARKRING_IMAGE_CACHE"], env["SPARKRING_NCCL_CACHE"]
-    done = subprocess.run(
-        [str(playbook), "-i", "localhost,", str(play)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
-    assert "caches /var/cache/sparkring-image /var/cache/sparkring-nccl" in done.stdout
+    assert "caches /var/cache/sparkring-image /var/cache/sparkring-nccl" in play_output()

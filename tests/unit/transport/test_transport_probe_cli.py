@@ -26,18 +26,19 @@ TOP_KEYS = {
 }
 
 
+def probe(*args: str) -> list[str]:
+    """The probe's command line as qualification starts it, with `args` after it."""
+    return [sys.executable, "-m", "transport", "probe", *args]
+
+
+def ring4_probe(tcp_port: int, *args: str) -> list[str]:
+    """The probe for one rank of the four-rank loopback ring (its `--rank` still to add)."""
+    return probe("--world", "4", "--ring-prefix", PREFIX, "--tcp-port", str(tcp_port), *args)
+
+
 def test_probe_qualifies_links_and_burns_byte_exactly() -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "transport",
-        "probe",
-        "--world",
-        "4",
-        "--ring-prefix",
-        PREFIX,
-        "--tcp-port",
-        "28670",
+    cmd = ring4_probe(
+        28670,
         "--pingpong-iters",
         "50",
         "--bw-size",
@@ -52,7 +53,7 @@ def test_probe_qualifies_links_and_burns_byte_exactly() -> None:
         "100",
         "--timeout",
         "20",
-    ]
+    )
     procs = [subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, text=True) for r in range(4)]
     docs = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], [d["error"] for d in docs]
@@ -74,11 +75,7 @@ def test_probe_qualifies_links_and_burns_byte_exactly() -> None:
 
 
 def test_probe_reports_an_unreachable_peer_as_json() -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "transport",
-        "probe",
+    cmd = probe(
         "--rank",
         "0",
         "--world",
@@ -91,7 +88,7 @@ def test_probe_reports_an_unreachable_peer_as_json() -> None:
         "28680",
         "--setup-timeout",
         "1",
-    ]
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1 and not doc["ok"]
@@ -100,11 +97,7 @@ def test_probe_reports_an_unreachable_peer_as_json() -> None:
 
 def test_probe_reads_its_ring_from_a_ring_spec_on_stdin() -> None:
     """How cable qualification runs it: a two-rank ring on one cable, the ports from stdin."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "transport",
-        "probe",
+    cmd = probe(
         "--ring-spec",
         "-",
         "--tcp-port",
@@ -117,7 +110,7 @@ def test_probe_reads_its_ring_from_a_ring_spec_on_stdin() -> None:
         "4",
         "--burn",
         "none",
-    ]
+    )
     specs = [
         {
             "rank": rank,
@@ -149,17 +142,8 @@ def test_probe_reads_its_ring_from_a_ring_spec_on_stdin() -> None:
 
 def test_the_flip_hook_makes_a_burn_fail_on_that_rank_only() -> None:
     """The gate's test hook: one rank flips a byte of its first result; only its burns mismatch."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "transport",
-        "probe",
-        "--world",
-        "4",
-        "--ring-prefix",
-        PREFIX,
-        "--tcp-port",
-        "28710",
+    cmd = ring4_probe(
+        28710,
         "--skip-links",
         "--burn",
         "all_gather,vocab_all_gather",
@@ -169,7 +153,7 @@ def test_the_flip_hook_makes_a_burn_fail_on_that_rank_only() -> None:
         "20,2",
         "--timeout",
         "20",
-    ]
+    )
     procs = [
         subprocess.Popen(
             [*cmd, "--rank", str(r), *(["--test-flip-result"] if r == 2 else [])],
