@@ -3,7 +3,8 @@
 against that same deployment.
 
 One TP4 deployment is brought up once for the module by site.yml (the whole pipeline, as `make sim`
-runs it) and reused: it answers a completion through rank 0; roles/launch's molecule verify holds
+runs it) and reused: it answers a completion through rank 0; the same launch again replaces
+nothing and changes nothing (roles/launch's molecule idempotence); that scenario's verify holds
 it to its attestation records (and names the ranks whose record no longer matches); a rank whose
 model differs from the pin stops the next launch before anything changes; the overlay pin module,
 run on the running image, reproduces the lock's sim pins; that image with one byte changed in a
@@ -23,21 +24,20 @@ ring and on stock gloo and returns stock's result: custom answers token for toke
 answers, shadow counts zero mismatches, every rank restores the long prompt, and rank 0's /metrics
 shows the ring, the cables and SparkCache moving.
 
-Last, the acceptance faults, on the shadow deployment, each running only the gate it breaks: a
-lock input changed on rank 2 fails AC-LOCK naming rank 2; the burn's test hook corrupting rank 2's
-results fails AC-RING-BURN naming rank 2 and leaves the model down. The other faults of issue 17
-are unit tests of the gate rules and inspectors on real processes and servers
-(tests/unit/acceptance, docs/acceptance.md).
+Then, on the shadow deployment: a lock input changed on rank 2 fails AC-LOCK (run alone) naming
+rank 2. The recovery agent (issue 29): launch.yml with the agent on finds every rank up to date, so
+it replaces nothing and only starts the agent. Rank 2's container killed while the ring idles:
+rank 0's /health answers 503 within 15 s and a request's error names rank 2 and its cable, every
+rank's container exits (69, the ring failed; rank 2's 137), and the agent brings serving back
+without a person (the kill-to-503 and kill-to-serving times are recorded as the test's properties
+and printed). The same kill during a long request: that request's error names rank 2, every
+container exits, the agent heals. Ring1 of r1 down: /health names the cable, the agent refuses to
+relaunch naming it, and the ring serves after the cable is up. The status page on rank 0 lists the
+four ranks, the four cables and that last fault; stop.yml stops the agent before the containers.
 
-Then the recovery agent (issue 29), after the burn fault left the deployment stopped: launch.yml
-with the agent on. Rank 2's container killed while the ring idles: rank 0's /health answers 503
-within 15 s and a request's error names rank 2 and its cable, every rank's container exits (69,
-the ring failed; rank 2's 137), and the agent brings serving back without a person (the kill-to-503
-and kill-to-serving times are recorded as the test's properties and printed). The same kill during
-a long request: that request's error names rank 2, every container exits, the agent heals. Ring1
-of r1 down: /health names the cable, the agent refuses to relaunch naming it, and the ring serves
-after the cable is up. The status page on rank 0 lists the four ranks, the four cables and that
-last fault; stop.yml stops the agent before the containers.
+Last, AC-RING-BURN alone with its test hook corrupting rank 2's results: it fails naming rank 2 and
+launches nothing. The other faults of issue 17 are unit tests of the gate rules and inspectors on
+real processes and servers (tests/unit/acceptance, docs/acceptance.md).
 
 One deployment serves all of it because a TP4 deployment costs minutes of CI's two cores. The
 module's teardown stops and removes every container it started (stop.yml), always: the pair
@@ -114,6 +114,19 @@ def test_tp4_answers_a_completion_through_rank0(deployment) -> None:
     answer = complete()
     assert answer["model"] == "sim-tiny" and answer["choices"][0]["text"]
     assert "rank 0 completed" in deployment.outputs[-1]
+
+
+def test_launch_again_changes_nothing(deployment) -> None:
+    """roles/launch's molecule idempotence step on this deployment: the same launch once more
+    replaces no container and reports nothing changed on any rank (tests/sim/test_molecule.py
+    leaves that scenario to this module, which already holds a launched ring)."""
+    before = container_ids()
+    done = deployment.playbook("launch.yml")
+    assert done.returncode == 0, done.stdout[-4000:]
+    recap = [line.split() for line in done.stdout.splitlines() if re.match(r"^r\d\s+:\s+ok=", line)]
+    assert sorted(line[0] for line in recap) == list(RANKS), done.stdout[-2000:]
+    assert all("changed=0" in line for line in recap), done.stdout[-4000:]
+    assert container_ids() == before
 
 
 def test_the_scenario_verify_holds_the_deployment_to_its_attestation(deployment) -> None:
@@ -568,7 +581,8 @@ def test_rank_0_metrics_show_the_ring_the_cables_and_sparkcache_moving(served) -
         assert moved(before, after, "sparkring:sparkcache_restore_bytes_total", rank=rank) > 0
 
 
-# -- the acceptance faults, last: the shadow deployment runs, and the burn fault leaves it down ------
+# -- the acceptance faults on the shadow deployment: AC-LOCK here (it only reads); AC-RING-BURN, which
+# leaves the model down, is the module's last test ------------------------------------------------
 
 
 def test_acceptance_fails_lock_naming_rank_2_when_its_model_file_changed(
@@ -596,33 +610,8 @@ def test_acceptance_fails_lock_naming_rank_2_when_its_model_file_changed(
     assert "RESULT: FAILED. AC-LOCK failed on rank 2" in (folder / "summary.txt").read_text()
 
 
-def test_acceptance_fails_ring_burn_naming_rank_2_and_leaves_the_model_down(
-    deployment, evidence, served
-) -> None:
-    """AC-RING-BURN alone, its test hook corrupting rank 2's results. Last in the module: a failed
-    burn leaves the deployment stopped, as on Sparks (the module's teardown removes it)."""
-    done, folder = accept(
-        deployment,
-        evidence / "burn",
-        "AC-RING-BURN",
-        qualify_burn_flip_rank=2,
-        launch_profile_file=served["shadow_profile"],
-        **LEAN_BURN,
-    )
-    assert done.returncode != 0
-    flat = " ".join(done.stdout.split())
-    assert "AC-RING-BURN failed on rank 2: rank 2 (r2): " in flat, done.stdout[-6000:]
-    result = gate(folder, "AC-RING-BURN")
-    assert result["status"] == "fail" and result["failing_ranks"] == [2], result["problems"]
-    assert all(p.startswith("rank 2 (r2): ") for p in result["problems"]), result["problems"]
-    assert any("results differ from the reference" in p for p in result["problems"]), result["problems"]
-    assert json.loads((folder / "burn.json").read_text())["status"] == "failed"
-    assert "RESULT: FAILED. AC-RING-BURN failed on rank 2" in (folder / "summary.txt").read_text()
-    assert running() == {"false"}
-
-
-# -- the recovery agent (issue 29), last of all: the burn fault above left the deployment stopped,
-# so its fixture launches once more with the agent on; the agent's relaunches and stop.yml follow --
+# -- the recovery agent (issue 29) on the shadow deployment: its fixture's launch.yml finds the ring
+# up to date and only starts the agent; the agent's relaunches and stop.yml follow ------------------
 
 HEAL = ROOT / "artifacts" / "sim" / "recovery"
 # Short looks, delays and stable time (defaults: 15 s; 20, 30, 120, 300 s; 600 s), qualify's short run.
@@ -668,9 +657,13 @@ def answers() -> bool:
 
 
 @pytest.fixture(scope="module")
-def healing(deployment):
-    """launch.yml with the agent on: a launch, then the agent started beside it."""
-    done = deployment.playbook("launch.yml", "-e", json.dumps(HEAL_VARS))
+def healing(deployment, served):
+    """launch.yml with the agent on, for the running shadow deployment's profile: where every rank
+    is up to date nothing is replaced (a TP4 start saved) and the agent starts beside it; its
+    relaunches use that profile. Shadow mode runs the ring before stock, so a dead peer fails the
+    ring's call first, as in custom mode."""
+    variables = {**HEAL_VARS, "launch_profile_file": served["shadow_profile"]}
+    done = deployment.playbook("launch.yml", "-e", json.dumps(variables))
     assert done.returncode == 0, f"{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
     assert agent_state().get("running"), agent_state()
     return deployment
@@ -812,3 +805,34 @@ def test_stop_stops_the_agent_before_the_containers(healing) -> None:
     assert done.returncode == 0, done.stdout[-3000:]
     assert not Path(f"/proc/{pid}").exists()
     assert agent_state()["state"] == "stopped" and running() == {"false"}
+
+
+# -- last: AC-RING-BURN with its hook corrupting rank 2's results (stop.yml above stopped the ring) --
+
+
+def test_acceptance_fails_ring_burn_naming_rank_2_and_leaves_the_model_down(
+    deployment, evidence, served
+) -> None:
+    """AC-RING-BURN alone, its test hook corrupting rank 2's results. Last in the module, on the ring
+    stop.yml left stopped (a TP4 start saved): the gate's stop finds nothing to stop, and a failed
+    burn launches nothing, as on Sparks (serving over a fabric that corrupts data is worse than not
+    serving); a gate that relaunched after a failure would leave every rank running. The full
+    acceptance run above covers the burn stopping a serving ring and relaunching it after a pass."""
+    done, folder = accept(
+        deployment,
+        evidence / "burn",
+        "AC-RING-BURN",
+        qualify_burn_flip_rank=2,
+        launch_profile_file=served["shadow_profile"],
+        **LEAN_BURN,
+    )
+    assert done.returncode != 0
+    flat = " ".join(done.stdout.split())
+    assert "AC-RING-BURN failed on rank 2: rank 2 (r2): " in flat, done.stdout[-6000:]
+    result = gate(folder, "AC-RING-BURN")
+    assert result["status"] == "fail" and result["failing_ranks"] == [2], result["problems"]
+    assert all(p.startswith("rank 2 (r2): ") for p in result["problems"]), result["problems"]
+    assert any("results differ from the reference" in p for p in result["problems"]), result["problems"]
+    assert json.loads((folder / "burn.json").read_text())["status"] == "failed"
+    assert "RESULT: FAILED. AC-RING-BURN failed on rank 2" in (folder / "summary.txt").read_text()
+    assert running() == {"false"}
