@@ -22,6 +22,7 @@ help:
 	@echo "               SIM_INVENTORY=inventories/sim-pair: the same for the simulated pair"
 	@echo "make test      lint and run every test (sim tests bring the ring up and down)"
 	@echo "make unit      the inner loop: ruff and tests/unit (no ring, no Docker, no vLLM)"
+	@echo "make sim-pair-test  site.yml on the simulated pair (opt-in; make test leaves it out)"
 
 deps: apt venv hooks
 
@@ -126,6 +127,13 @@ $(STAMPS)/vllm-venv:
 sim-model: $(SIM_MODEL)/config.json
 $(SIM_MODEL)/config.json: images/sim-model/generate.py $(STAMPS)/vllm-venv
 	$(VLLM_BIN)/python images/sim-model/generate.py $(SIM_MODEL)
+
+# The simulated pair's site.yml (opt-in; not part of `make test`): tests/sim/launch/test_pair_site.py
+# brings the ring up (it seeds the pair's rank 0 with the ring's runtime image when rank 0 holds
+# it), then the pair, runs site.yml on it to TP2 answering and takes the pair down. Root.
+.PHONY: sim-pair-test
+sim-pair-test: test-deps
+	SPARKRING_PAIR_TESTS=1 $(BIN)/pytest -v tests/sim/launch/test_pair_site.py
 
 # aarch64 lane (opt-in; not part of `make test`): an arm64 Debian 12 root under qemu-user-static
 # (binfmt_misc registered for the run and removed after it) builds the transport engine with the
