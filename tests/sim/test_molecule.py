@@ -22,23 +22,14 @@ ON_THE_LAUNCH_MODULE = {
 pytestmark = pytest.mark.sim
 
 
-def scenario_id(path: Path) -> str:
-    return f"{path.parents[2].name}:{path.parent.name}"
+def scenario_param(path: Path) -> pytest.ParameterSet:
+    """One scenario as a test parameter (role:scenario), skipped with its reason where another module runs it."""
+    name = f"{path.parents[2].name}:{path.parent.name}"
+    elsewhere = ON_THE_LAUNCH_MODULE.get(name)
+    return pytest.param(path, id=name, marks=[pytest.mark.skip(reason=elsewhere)] if elsewhere else [])
 
 
-@pytest.mark.parametrize(
-    "scenario",
-    [
-        pytest.param(
-            path,
-            id=scenario_id(path),
-            marks=[pytest.mark.skip(reason=ON_THE_LAUNCH_MODULE[scenario_id(path)])]
-            if scenario_id(path) in ON_THE_LAUNCH_MODULE
-            else [],
-        )
-        for path in SCENARIOS
-    ],
-)
+@pytest.mark.parametrize("scenario", [scenario_param(path) for path in SCENARIOS])
 def test_molecule_scenario(sim_ring, scenario: Path) -> None:
     role_dir, name = scenario.parents[2], scenario.parent.name
     done = sim_ring(["molecule", "test", "-s", name], cwd=role_dir, timeout=1800)
