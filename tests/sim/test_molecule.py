@@ -19,7 +19,10 @@ ON_THE_LAUNCH_MODULE = {
     "test_the_scenario_verify_holds_the_deployment_to_its_attestation, test_launch_again_changes_nothing)"
 }
 
-pytestmark = pytest.mark.sim
+pytestmark = [
+    pytest.mark.sim,
+    pytest.mark.extended("every role's molecule scenario on the ring (12 minutes in a clean-clone run here)"),
+]
 
 
 def scenario_param(path: Path) -> pytest.ParameterSet:

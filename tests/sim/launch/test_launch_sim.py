@@ -278,6 +278,10 @@ def test_an_image_with_one_changed_byte_in_a_patched_file_is_refused_at_plan_tim
     assert complete()["choices"][0]["text"]
 
 
+@pytest.mark.extended(
+    "a second TP4 deployment whose gate fails, then the first restored (332-451 s in the last two "
+    "clean-clone runs here)"
+)
 def test_failing_gate_restores_the_previous_deployment(deployment) -> None:
     before = container_ids()
     done = deployment.playbook(

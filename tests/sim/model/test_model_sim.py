@@ -28,7 +28,10 @@ from model_sim import (
     record,
 )
 
-pytestmark = pytest.mark.sim
+pytestmark = [
+    pytest.mark.sim,
+    pytest.mark.extended("the model stage's faults on the ring, each with its own model.yml runs"),
+]
 
 SHARD = "model-00002-of-00003.safetensors"
 

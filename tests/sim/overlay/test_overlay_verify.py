@@ -10,7 +10,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIO = ROOT / "roles" / "overlay" / "molecule" / "default"
 SIM_RANKS = Path("/var/lib/sparkring-sim/ranks")
-pytestmark = pytest.mark.sim
+pytestmark = [
+    pytest.mark.sim,
+    pytest.mark.extended("roles/overlay's molecule verify against drifted ranks, seven playbook runs"),
+]
 
 
 def test_verify_fails_on_the_ranks_whose_overlay_drifted(sim_ring) -> None:

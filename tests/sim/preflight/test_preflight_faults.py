@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.sim
+pytestmark = [
+    pytest.mark.sim,
+    pytest.mark.extended("preflight on the ring with one fault injected per case, a preflight.yml run each"),
+]
 
 # The cable every fault goes on: rank 1's port toward rank 2.
 RANK, PEER = "r1", "r2"
