@@ -70,6 +70,9 @@ def test_fanout_reaches_every_rank_and_a_second_run_moves_nothing(clean_ranks):
     assert "moves nothing" in again.stdout
 
 
+@pytest.mark.extended(
+    "a chunk corrupted at a relay on the ring (25-43 s in the last two clean-clone runs here)"
+)
 def test_corrupted_chunk_at_a_relay_is_detected_and_resent(clean_ranks):
     ref = clean_ranks
     # rank 1 relays the even chunks to rank 2; it corrupts two of them once
@@ -79,6 +82,9 @@ def test_corrupted_chunk_at_a_relay_is_detected_and_resent(clean_ranks):
     assert_identical_everywhere(ref)
 
 
+@pytest.mark.extended(
+    "a relay killed mid-transfer on the ring (67-71 s in the last two clean-clone runs here)"
+)
 def test_relay_killed_mid_transfer_resumes(clean_ranks):
     ref = clean_ranks
     name = archive_name(ref)
