@@ -7,7 +7,10 @@ import subprocess
 
 import pytest
 
-pytestmark = pytest.mark.sim
+pytestmark = [
+    pytest.mark.sim,
+    pytest.mark.extended("tc tbf on one cable through sim.yml, then taken off again (73 s here)"),
+]
 
 RATE, RATE_BYTES = "500mbit", 500_000_000 // 8
 
