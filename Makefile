@@ -21,7 +21,7 @@ help:
 	@echo "make sim-down  remove the simulated ring (namespaces, daemons, mounts)"
 	@echo "               SIM_INVENTORY=inventories/sim-pair: the same for the simulated pair"
 	@echo "make test      lint and run every test but the extended ones (CI: within 90 minutes)"
-	@echo "make test-extended  the tests make test leaves out: molecule scenarios, cable faults, ..."
+	@echo "make test-extended  the ring tests make test leaves out (docs/testing.md)"
 	@echo "make unit      the inner loop: ruff and tests/unit (no ring, no Docker, no vLLM)"
 	@echo "make sim-pair-test  site.yml on the simulated pair (one of the extended tests)"
 
@@ -130,8 +130,8 @@ $(SIM_MODEL)/config.json: images/sim-model/generate.py $(STAMPS)/vllm-venv
 	$(VLLM_BIN)/python images/sim-model/generate.py $(SIM_MODEL)
 
 # The tests `make test` leaves out to finish within CI's 90 minutes on two cores (opt-in; root):
-# those marked `extended`, each saying what it runs and what it costs (tests/conftest.py): every
-# role's molecule scenario, the cable faults, the launch's failing gate, the simulated pair.
+# those marked `extended`, each saying what it runs and what it costs (tests/conftest.py; the list
+# is in docs/testing.md).
 .PHONY: test-extended sim-pair-test
 test-extended: test-deps
 	SPARKRING_EXTENDED_TESTS=1 $(BIN)/pytest -v -m extended tests
