@@ -73,6 +73,7 @@ class SrDead(ctypes.Structure):
 
 MAX_LANES = 4  # SR_MAX_LANES
 KEEPER_PEERS = 4  # SR_KEEPER_PEERS
+MAX_STRIPES = 4  # SR_MAX_STRIPES: TCP connections per link
 MAX_LABELS = 8  # SR_MAX_LABELS: the progress thread's per-label counters
 # The progress thread's counters after the per-label ones (sr_progress.c, ST_*; SR_STATS in all).
 PROGRESS_STAT_KEYS = ("errors", "refused", "steps", "last_seq", "plan_ns", "input_wait_ns")
@@ -275,7 +276,7 @@ def engine() -> ctypes.CDLL:
         lib,
         "sr_engine_layout",
         {"sr_error": SrError, "sr_lane": SrLane, "sr_dead": SrDead},
-        {"SR_MAX_LANES": MAX_LANES, "SR_KEEPER_PEERS": KEEPER_PEERS},
+        {"SR_MAX_LANES": MAX_LANES, "SR_KEEPER_PEERS": KEEPER_PEERS, "SR_MAX_STRIPES": MAX_STRIPES},
     )
     vp, sz, u32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32
     lib.sr_abi_version.restype = ctypes.c_int
@@ -291,6 +292,8 @@ def engine() -> ctypes.CDLL:
     lib.sr_peer_abort.restype = None
     lib.sr_peer_stats.argtypes = [vp, ctypes.POINTER(ctypes.c_uint64 * 6)]
     lib.sr_peer_stats.restype = None
+    lib.sr_peer_stripe.argtypes = [vp, vp, ctypes.c_uint64, ctypes.POINTER(SrError)]
+    lib.sr_peer_stripe.restype = ctypes.c_int
     lib.sr_transfer.argtypes = [
         vp,
         vp,

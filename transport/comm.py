@@ -23,6 +23,7 @@ from transport import schedule
 from transport._native import SrError, SrLane
 from transport.buffers import HostBuffer, as_host_buffer
 from transport.errors import NATIVE_ERRORS, TransportError
+from transport.fabric_tcp import DEFAULT_STRIPE_MIN_BYTES, TcpFabric
 from transport.liveness import Liveness, Verdict
 from transport.plan import ADD, COPY
 from transport.portable_math import exp_nonpositive, log_positive
@@ -34,7 +35,11 @@ DEFAULT_TCP_PORT = 18600
 
 
 class Communicator:
-    """Collectives for one rank of the ring (``fabric`` ``tcp`` or ``verbs``)."""
+    """Collectives for one rank of the ring (``fabric`` ``tcp`` or ``verbs``).
+
+    ``connections`` (tcp): TCP connections per link; a transfer of at least
+    ``stripe_min_bytes`` each way is cut over all of them (transport.fabric_tcp).
+    """
 
     def __init__(
         self,
@@ -47,6 +52,8 @@ class Communicator:
         slot_bytes: int = 256 * 1024,
         window: int = 16,
         liveness: Liveness | None = None,
+        connections: int = 1,
+        stripe_min_bytes: int = DEFAULT_STRIPE_MIN_BYTES,
     ) -> None:
         self.spec, self.rank, self.world = spec, spec.rank, spec.world
         self.timeout_s = timeout_s
@@ -54,16 +61,24 @@ class Communicator:
         self._driver: Any = None  # a CommandRing that owns the links while attached
         self._scratch_buf = np.empty(0, dtype=np.uint8)
         if fabric == "tcp":
-            from transport.fabric_tcp import TcpFabric
-
-            self.fabric: Any = TcpFabric(slot_bytes, window)
+            self.fabric: Any = TcpFabric(slot_bytes, window, connections, stripe_min_bytes)
         elif fabric == "verbs":
+            if connections != 1:
+                raise ValueError(
+                    f"connections {connections}: verbs stripes over the port's twins, not connections"
+                )
             from transport.fabric_verbs import VerbsFabric
 
             self.fabric = VerbsFabric(spec, slot_bytes, window)
         else:
             raise ValueError(f"unknown fabric {fabric!r}: tcp or verbs")
-        edges = rendezvous(spec, tcp_port, setup_timeout_s, lambda port, d: self.fabric.record(spec, port, d))
+        edges = rendezvous(
+            spec,
+            tcp_port,
+            setup_timeout_s,
+            lambda port, d: self.fabric.record(spec, port, d),
+            self.fabric.connection_per_twin,
+        )
         self.links = self.fabric.open(spec, edges)
         self.liveness = liveness or Liveness.from_env()
         self.keeper = self.fabric.watch(list(self.links.values()), self.liveness)

@@ -65,6 +65,7 @@ class VerbsFabric:
 
     name = "verbs"
     adds_in_place = False  # sr_verbs.c may add a frame into bytes it has not copied out yet
+    connection_per_twin = False  # the twins' records share one control connection
 
     def __init__(self, spec: RingSpec, slot_bytes: int, window: int) -> None:
         self.slot_bytes, self.window, self.rank = slot_bytes, window, spec.rank

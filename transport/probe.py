@@ -17,7 +17,7 @@ JSON (``schema: sparkring.transport.probe/1``; keys are stable, new keys may be 
                           tx: {gbit_s, seconds, mismatches},    # this rank sends
                           rx: {gbit_s, seconds, mismatches}}}], # peer sends, timed here
      burns: [{collective, dtype, size_bytes, iterations, mismatches, p50_us, p99_us}],
-     stats: {"<peer rank>": {frames_tx, frames_rx, bytes_tx, bytes_rx, acks_tx, acks_rx}}}
+     stats: {"<peer rank>": {frames_tx, frames_rx, bytes_tx, bytes_rx, acks_tx, acks_rx, stripe_bytes_tx}}}
 
 ``pingpong`` is measured with this rank as the initiator (the peer's document holds the
 other direction). ``one_way_us`` is half the round trip. A failure sets ``ok`` false and

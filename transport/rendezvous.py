@@ -4,7 +4,8 @@ Each rank listens on every port address and dials every neighbour from that port
 address, so setup traffic takes the same cable as the data. On each directed edge the
 dialer (the sender of the data) sends its records and the listener (the receiver) answers
 with its own: one record per twin of the port (a Spark cage is two RDMA functions and the
-verbs fabric stripes over both; tcp sends one). A record is versioned and checksummed; any
+verbs fabric stripes over both). The tcp fabric's twins are its connections per link: each
+record then goes on a connection of its own, which becomes that twin's data connection. A record is versioned and checksummed; any
 mismatch (wrong rank, world, fabric, window, slot size, twin count, version, a connection
 from the wrong address) is a RendezvousError naming the peer, and the peer sees the channel
 close.
@@ -181,17 +182,19 @@ def rendezvous(
     tcp_port: int,
     timeout_s: float,
     local_records: Callable[[Port, str], list[EndpointRecord]],
+    connection_per_twin: bool = False,
 ) -> list[Edge]:
     """Connect both directed edges of every port and exchange endpoint records.
 
     ``local_records(port, direction)`` gives this rank's records for an edge, one per twin;
     each record of the peer must equal ours of its twin with src/dst swapped in the checked
-    fields.
+    fields. With ``connection_per_twin`` each twin's record goes on its own connection, and
+    the edge list has an Edge per connection, each holding its twin's record.
     """
     deadline = time.monotonic() + timeout_s
     listeners: dict[int, socket.socket] = {}
     edges: list[Edge] = []
-    dialed: list[tuple[Port, socket.socket, str]] = []
+    dialed: list[tuple[Port, socket.socket, str, list[EndpointRecord]]] = []
     try:
         for port in spec.ports:
             lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -210,41 +213,73 @@ def rendezvous(
         # every record, so no ordering between ranks can deadlock.
         for port in spec.ports:
             peer = f"rank {port.peer_rank} at {port.peer_address}"
-            sock = _dial(port, tcp_port, deadline, peer)
-            sock.sendall(b"".join(record.pack() for record in local_records(port, "tx")))
-            dialed.append((port, sock, peer))
+            for records in _per_connection(local_records(port, "tx"), connection_per_twin):
+                sock = _dial(port, tcp_port, deadline, peer)
+                dialed.append((port, sock, peer, records))
+                sock.sendall(b"".join(record.pack() for record in records))
         for port in spec.ports:
             peer = f"rank {port.peer_rank} at {port.peer_address}"
-            lsock = listeners[port.cage]
-            while True:
-                lsock.settimeout(max(0.01, deadline - time.monotonic()))
-                try:
-                    sock, (src, _) = lsock.accept()
-                except TimeoutError as exc:
-                    raise RendezvousError(
-                        f"{peer}: never connected to {port.address}:{tcp_port}", port.peer_rank
-                    ) from exc
-                if src == port.peer_address:
-                    break
-                sock.close()  # only the cable's other end may connect here
-            sock.settimeout(max(0.01, deadline - time.monotonic()))
             mine = local_records(port, "rx")
-            got = _receive_records(sock, mine, peer)
-            sock.sendall(b"".join(record.pack() for record in mine))
-            edges.append(Edge(port, "rx", sock, got))
-        for port, sock, peer in dialed:
+            seen: set[int] = set()
+            for _ in _per_connection(mine, connection_per_twin):
+                sock = _accept(listeners[port.cage], port, tcp_port, deadline, peer)
+                try:
+                    ours, got = _answer(sock, mine, connection_per_twin, seen, peer)
+                    sock.sendall(b"".join(record.pack() for record in ours))
+                except BaseException:
+                    sock.close()
+                    raise
+                edges.append(Edge(port, "rx", sock, got))
+        for port, sock, peer, records in dialed:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
-            edges.append(Edge(port, "tx", sock, _receive_records(sock, local_records(port, "tx"), peer)))
+            edges.append(Edge(port, "tx", sock, _receive_records(sock, records, peer)))
     except BaseException:
         for edge in edges:
             edge.sock.close()
-        for _, sock, _ in dialed:
+        for _, sock, _, _ in dialed:
             sock.close()
         raise
     finally:
         for lsock in listeners.values():
             lsock.close()
     return edges
+
+
+def _per_connection(records: list[EndpointRecord], connection_per_twin: bool) -> list[list[EndpointRecord]]:
+    """The records each connection of an edge carries: one twin's each, or all on one."""
+    return [[record] for record in records] if connection_per_twin else [records]
+
+
+def _answer(
+    sock: socket.socket, mine: list[EndpointRecord], connection_per_twin: bool, seen: set[int], peer: str
+) -> tuple[list[EndpointRecord], list[EndpointRecord]]:
+    """(our records to answer with, the peer's) on an accepted connection. One twin per
+    connection: the peer's record says which twin it is, and each twin comes once."""
+    if not connection_per_twin:
+        return mine, _receive_records(sock, mine, peer)
+    theirs = EndpointRecord.unpack(_recv_exact(sock, RECORD_BYTES, peer), peer)
+    if theirs.twin in seen:
+        raise RendezvousError(f"{peer}: twin {theirs.twin} connected twice", peer_rank=mine[0].dst_rank)
+    ours = mine[theirs.twin] if theirs.twin < len(mine) else mine[0]  # out of range: refused below
+    check_record(theirs, _as_peer(ours), peer)
+    seen.add(theirs.twin)
+    return [ours], [theirs]
+
+
+def _accept(lsock: socket.socket, port: Port, tcp_port: int, deadline: float, peer: str) -> socket.socket:
+    """The next connection from the cable's other end (any other address is closed)."""
+    while True:
+        lsock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            sock, (src, _) = lsock.accept()
+        except TimeoutError as exc:
+            raise RendezvousError(
+                f"{peer}: never connected to {port.address}:{tcp_port}", port.peer_rank
+            ) from exc
+        if src == port.peer_address:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            return sock
+        sock.close()  # only the cable's other end may connect here
 
 
 def _receive_records(sock: socket.socket, mine: list[EndpointRecord], peer: str) -> list[EndpointRecord]:

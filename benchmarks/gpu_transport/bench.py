@@ -49,6 +49,7 @@ from typing import Any
 
 from benchmarks.history import append_run, history_path
 from benchmarks.provenance import RunProvenance, load_average
+from transport.fabric_tcp import DEFAULT_STRIPE_MIN_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -146,7 +147,11 @@ def rank_main(peer: str, rank: int, world: int, cfg: dict, queue: Any) -> None:
             from transport.topology import cable_geometry
 
             comm = Communicator(
-                cable_geometry(rank, world, "127.77"), tcp_port=cfg["ring_port"], timeout_s=60
+                cable_geometry(rank, world, "127.77"),
+                tcp_port=cfg["ring_port"],
+                timeout_s=60,
+                connections=cfg["connections"],
+                stripe_min_bytes=cfg["stripe_min_bytes"],
             )
             gpu = GpuCollectives(comm, arena_bytes=2 * max(SIZES) + 4096)
             # (fused_max_bytes, wait, pipeline_min_bytes, all-reduce algorithm)
@@ -232,6 +237,7 @@ def rank_main(peer: str, rank: int, world: int, cfg: dict, queue: Any) -> None:
             dist.init_process_group("nccl", rank=rank, world_size=world)
             results["check"] = _check_replays(torch, dist, gpu, rank, world, cfg["checks"])
             results["progress_stats"] = gpu.stats()
+            results["link_stats"] = {str(peer): s for peer, s in comm.stats().items()}
             gpu.close()
             comm.close()
         dist.destroy_process_group()
@@ -429,6 +435,13 @@ def main() -> int:
         action="store_true",
         help="also time the ring's fused, copy-engine and spinning-kernel variants up to 1 MB",
     )
+    ap.add_argument("--connections", type=int, default=1, help="the ring's TCP connections per link")
+    ap.add_argument(
+        "--stripe-min-bytes",
+        type=int,
+        default=DEFAULT_STRIPE_MIN_BYTES,
+        help="with several connections, the fewest bytes a transfer is striped over them from",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_transport.json")
     args = ap.parse_args()
     import torch
@@ -438,7 +451,13 @@ def main() -> int:
     from transport.gpu import nccl_placement
 
     peers = ["ring", "nccl_socket"] + (["nccl_nvlink"] if gpus >= args.world else [])
-    cfg = {"iters": args.iters, "checks": args.checks, "variant_sweep": args.variant_sweep}
+    cfg = {
+        "iters": args.iters,
+        "checks": args.checks,
+        "variant_sweep": args.variant_sweep,
+        "connections": args.connections,
+        "stripe_min_bytes": args.stripe_min_bytes,
+    }
     res: dict[str, Any] = {
         "machine": {
             "gpu": torch.cuda.get_device_name(0),
@@ -456,6 +475,8 @@ def main() -> int:
                 "fabric": "tcp",
                 "geometry": "127.77.i.0/24 loopback",
                 "reductions": "host cores (progress thread)",
+                "connections_per_link": args.connections,
+                "stripe_min_bytes": args.stripe_min_bytes if args.connections > 1 else None,
             },
             "nccl_socket_env": NCCL_ENV["nccl_socket"],
             "nccl_nvlink_env": NCCL_ENV["nccl_nvlink"],

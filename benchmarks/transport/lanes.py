@@ -1,15 +1,16 @@
-"""Lanes per link: the host engine's large all-reduce over one TCP connection per link, or split
-over several at once (issue 27: what would close the gap to NCCL-socket above 1 MB).
+"""Connections per link: the host engine's large all-reduce over one TCP connection per link, or
+striped by the engine over several (transport.fabric_tcp; issue 27: the gap to NCCL-socket above
+1 MB).
 
     python3 -m benchmarks.transport.lanes   # -> benchmarks/results/transport_lanes.json + .png
 
-Every rank process opens as many communicators as the most lanes asked for, each on its own
-port of the loopback cable geometry (127.77.i.0/24), so each link has that many connections.
-With k lanes an fp16 array is cut into k slices and each slice is all-reduced on its own
-communicator, one thread each (the engine releases the GIL), at the same time; k = 1 is today's
-engine. Lane counts take turns within every round; the p50 of each is rank 0's, and the slices'
-results must equal the whole array's bit for bit at two ranks (each element is a0 + a1 either
-way). Every run is appended to the history beside the results file.
+Every rank process opens one communicator per connection count asked for, each on its own port
+of the loopback cable geometry (127.77.i.0/24), with that many connections per link; from
+``--stripe-min-bytes`` a transfer is cut into one part per connection and the engine moves the
+parts at once, each on its own threads. k = 1 is the engine unstriped. Connection counts take
+turns within every round; the p50 of each is rank 0's, the results must equal one connection's
+bit for bit, and each striped communicator's links must have carried bytes on their further
+connections (``stripe_bytes_tx``). Every run is appended to the history beside the results file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import json
 import os
 import platform
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,40 +31,22 @@ from tests.unit.transport.transport_ranks import run_ring
 RESULTS = ROOT / "benchmarks" / "results" / "transport_lanes.json"
 
 
-def all_reduce_in_lanes(comms: list[Any], x: Any) -> None:
-    """All-reduce `x` in place, one slice per communicator, the slices at once."""
-    import numpy as np
-
-    if len(comms) == 1:
-        comms[0].all_reduce(x, out=x)
-        return
-    errors: list[BaseException] = []
-
-    def one(comm: Any, part: Any) -> None:
-        try:
-            comm.all_reduce(part, out=part)
-        except BaseException as error:  # re-raised below, on the caller's thread
-            errors.append(error)
-
-    threads = [
-        threading.Thread(target=one, args=pair)
-        for pair in zip(comms, np.array_split(x, len(comms)), strict=True)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-
-
 def rank_main(spec: Any, port: int, *, cfg: dict[str, Any]) -> dict[str, Any]:
     """One rank: every round, every size, each lane count in turn; p50 ms per (size, lanes)."""
     import numpy as np
 
     from transport.comm import Communicator
 
-    comms = [Communicator(spec, tcp_port=port + 100 * k, timeout_s=60) for k in range(max(cfg["lanes"]))]
+    comms = {
+        k: Communicator(
+            spec,
+            tcp_port=port + 100 * i,
+            timeout_s=60,
+            connections=k,
+            stripe_min_bytes=cfg["stripe_min_bytes"],
+        )
+        for i, k in enumerate(cfg["lanes"])
+    }
     rounds, equal = [], True
     try:
         for _ in range(cfg["rounds"]):
@@ -72,28 +54,35 @@ def rank_main(spec: Any, port: int, *, cfg: dict[str, Any]) -> dict[str, Any]:
             for size in cfg["sizes"]:
                 x = np.random.default_rng(spec.rank).standard_normal(size // 2).astype(np.float16)
                 whole = None
-                for lanes in cfg["lanes"]:
+                for lanes, comm in comms.items():
                     times = []
                     for _ in range(cfg["iters"]):
                         y = x.copy()
                         start = time.perf_counter()
-                        all_reduce_in_lanes(comms[:lanes], y)
+                        comm.all_reduce(y, out=y)
                         times.append(time.perf_counter() - start)
                     row[f"{size}_lanes{lanes}"] = round(statistics.median(times) * 1e3, 3)
                     if whole is None:
                         whole = y
-                    elif spec.world == 2:
+                    else:
                         equal = equal and bool(np.array_equal(whole.view(np.uint16), y.view(np.uint16)))
             rounds.append(row)
+        striped = {k: sum(s["stripe_bytes_tx"] for s in comm.stats().values()) for k, comm in comms.items()}
     finally:
-        for comm in comms:
+        for comm in comms.values():
             comm.close()
-    return {"rounds": rounds, "bitwise_equal": equal if spec.world == 2 else None}
+    return {"rounds": rounds, "bitwise_equal": equal, "stripe_bytes_tx": striped}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     start = RunProvenance.capture()
-    cfg = {"sizes": args.sizes, "lanes": args.lanes, "iters": args.iters, "rounds": args.rounds}
+    cfg = {
+        "sizes": args.sizes,
+        "lanes": args.lanes,
+        "iters": args.iters,
+        "rounds": args.rounds,
+        "stripe_min_bytes": args.stripe_min_bytes,
+    }
     worlds = {}
     for i, world in enumerate(args.worlds):
         ranks = run_ring(rank_main, world, args.port + 7 * i, timeout_s=900, cfg=cfg)
@@ -106,7 +95,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         worlds[str(world)] = {**rank0, "p50_ms_median_of_rounds": summary}
     return {
-        "schema": "sparkring.bench.transport_lanes/1",
+        "schema": "sparkring.bench.transport_lanes/2",
         "machine": {"cpu": platform.machine(), "cores": os.cpu_count()},
         "config": {**cfg, "dtype": "float16", "fabric": "tcp", "geometry": "127.77.i.0/24 loopback"},
         "worlds": worlds,
@@ -152,6 +141,9 @@ def main() -> None:
     ap.add_argument("--sizes", type=_ints, default=[4 << 20, 16 << 20, 64 << 20], help="bytes")
     ap.add_argument("--iters", type=int, default=15, help="calls per size and lane count in a round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--stripe-min-bytes", type=int, default=1 << 20, help="the fewest bytes a transfer is striped from"
+    )
     ap.add_argument("--port", type=int, default=29600)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()

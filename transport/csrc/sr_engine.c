@@ -40,6 +40,8 @@
 #include "sr_layout.h"
 #include "sr_wire.h"
 
+#define SR_MAX_STRIPES 4 /* connections per link (sr_peer_stripe) */
+
 /* A thread that runs one group of a call at a time (see the top of the file). */
 typedef struct sr_worker {
     pthread_t thread;
@@ -76,7 +78,15 @@ typedef struct sr_peer {
     uint64_t stats[6];      /* frames tx, frames rx, bytes tx, bytes rx, acks tx, acks rx */
     sr_worker *workers[2];  /* the tx and rx side's threads, started on first use */
     pid_t workers_pid;      /* ... by this process (a forked child has none of them) */
+    /* Striping (sr_peer_stripe): a link's further connections to the same neighbour. */
+    struct sr_peer *link;                      /* a stripe: the link it belongs to (keeper, verdicts) */
+    struct sr_peer *stripe[SR_MAX_STRIPES - 1]; /* a link: its further connections, in order */
+    int nstripes;
+    size_t stripe_min; /* a link: the fewest bytes a lane's send or receive is striped from */
 } sr_peer;
+
+/* The link a handle belongs to: itself, or the link whose stripe it is. */
+static const sr_peer *link_of(const sr_peer *p) { return p && p->link ? p->link : p; }
 
 static void worker_stop(sr_worker *w);
 
@@ -182,6 +192,26 @@ void sr_peer_describe(sr_peer *p, uint32_t addr_be, int cage) {
 }
 
 void sr_peer_stats(const sr_peer *p, uint64_t out[6]) { memcpy(out, p->stats, sizeof p->stats); }
+
+/* Make `extra` (another pair of connections to the same neighbour) link's next stripe: a lane
+ * whose send or receive on the link moves at least min_bytes is then cut into one part per
+ * connection, and the parts move at once, each on its own threads. Both ends must stripe
+ * alike (the rendezvous checks the connection count). 0, or -SR_EARG naming what is wrong. */
+int sr_peer_stripe(sr_peer *link, sr_peer *extra, uint64_t min_bytes, sr_error *err) {
+    if (!link || !extra || link == extra || link->link || extra->link || extra->nstripes)
+        return sr_fail(err, SR_EARG, -1, "a stripe joins a link that is not itself a stripe, once");
+    if (link->nstripes == SR_MAX_STRIPES - 1)
+        return sr_fail(err, SR_EARG, -1, "a link has at most %d connections", SR_MAX_STRIPES);
+    if (extra->peer_rank != link->peer_rank || extra->my_rank != link->my_rank || extra->slot_bytes != link->slot_bytes ||
+        extra->window != link->window)
+        return sr_fail(err, SR_EARG, extra->peer_rank, "a stripe must join a link to the same rank with its slot and window");
+    if (min_bytes < 1)
+        return sr_fail(err, SR_EARG, -1, "stripe_min_bytes must be positive");
+    extra->link = link;
+    link->stripe[link->nstripes++] = extra;
+    link->stripe_min = (size_t)min_bytes;
+    return 0;
+}
 
 /* One direction of a call: what is left to send or to receive. */
 typedef struct sendstate {
@@ -536,7 +566,8 @@ static void want_fd(struct pollfd *fds, int *nfds, int fd, short events) {
 }
 
 #define SR_CANCELED 100 /* internal: another group of the call failed first */
-#define SR_MAX_GROUPS (2 * SR_MAX_LANES)
+#define SR_CALL_LANES (SR_MAX_LANES * SR_MAX_STRIPES) /* a call's lanes once striped */
+#define SR_MAX_GROUPS (2 * SR_CALL_LANES)
 
 /* The sends to one peer (rx = 0) or the receives from one (rx = 1): lane bitmasks. */
 typedef struct sr_group {
@@ -549,8 +580,8 @@ typedef struct sr_group {
 } sr_group;
 
 typedef struct sr_call {
-    sendstate s[SR_MAX_LANES];
-    recvstate r[SR_MAX_LANES];
+    sendstate s[SR_CALL_LANES];
+    recvstate r[SR_CALL_LANES];
     int n, timeout_ms;
     int64_t deadline;
     int cancel_fd; /* eventfd raised by the first group to fail; -1 on the caller's thread alone */
@@ -616,7 +647,7 @@ static int run_lanes(sr_call *c, unsigned sends, unsigned recvs, sr_error *err) 
             return sr_fail(err, SR_ETIMEOUT, r[i].peer->peer_rank, "timed out after %d ms acking rank %d",
                            c->timeout_ms, r[i].peer->peer_rank);
         }
-        struct pollfd fds[6 * SR_MAX_LANES + 1];
+        struct pollfd fds[6 * SR_CALL_LANES + 1];
         int nfds = 0;
         for (int i = 0; i < n; i++) {
             sr_peer *to = s[i].peer, *from = r[i].peer;
@@ -840,17 +871,61 @@ static int call_outcome(const sr_call *c, sr_error *err) {
     return pick->rc;
 }
 
+/* How many connections `len` bytes on link p are cut over: all of them from its stripe_min. */
+static int stripes_for(const sr_peer *p, size_t len) {
+    return p && p->nstripes && len >= p->stripe_min ? p->nstripes + 1 : 1;
+}
+
+/* Part j of k of buf[len]: equal parts rounded up to 64 bytes (whole elements of every dtype),
+ * the last one shorter. Both ends of a link cut a length the same way. */
+static size_t stripe_part(size_t len, int j, int k, size_t *off) {
+    size_t part = ((len + (size_t)k - 1) / (size_t)k + 63) & ~(size_t)63;
+    *off = part * (size_t)j < len ? part * (size_t)j : len;
+    return len - *off < part ? len - *off : part;
+}
+
+/* The lanes as the connections carry them: a striped send or receive becomes one lane part per
+ * connection of its link, in connection order, in the place of its lane (so lanes that share a
+ * connection still use it in lane order). Returns the number of lanes written to out. */
+static int stripe_lanes(const sr_lane *lanes, int n, sr_lane *out) {
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        const sr_lane *l = &lanes[i];
+        sr_peer *to = l->to, *from = l->from;
+        int ks = stripes_for(to, l->slen), kr = stripes_for(from, l->rlen);
+        for (int j = 0; j < (ks > kr ? ks : kr); j++) {
+            sr_lane part = {0};
+            size_t off;
+            if (j < ks) {
+                part.to = j ? to->stripe[j - 1] : to;
+                part.slen = stripe_part(l->slen, j, ks, &off);
+                part.sbuf = (const unsigned char *)l->sbuf + off;
+            }
+            if (j < kr) {
+                part.from = j ? from->stripe[j - 1] : from;
+                part.rlen = stripe_part(l->rlen, j, kr, &off);
+                part.rbuf = (unsigned char *)l->rbuf + off;
+            }
+            out[m++] = part;
+        }
+    }
+    return m;
+}
+
 /* Run n lanes at once (a ring step moving two halves in opposite directions is two), each
- * sending to its `to` while receiving (copy or add) from its `from`, within timeout_ms.
- * Returns 0 or -code with err filled. */
-int sr_transfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeout_ms, sr_error *err) {
+ * sending to its `to` while receiving (copy or add) from its `from`, within timeout_ms; a lane
+ * on a striped link runs over all its connections. Returns 0 or -code with err filled. */
+int sr_transfer_lanes(const sr_lane *given, int n, int op, int dtype, int timeout_ms, sr_error *err) {
     if (n < 1 || n > SR_MAX_LANES || (op == SR_OP_ADD && dtype != SR_F32 && dtype != SR_F16 && dtype != SR_BF16))
         return sr_fail(err, SR_EARG, -1, "invalid transfer arguments");
+    for (int i = 0; i < n; i++)
+        if ((!given[i].to && given[i].slen) || (!given[i].from && given[i].rlen))
+            return sr_fail(err, SR_EARG, -1, "invalid transfer arguments");
+    sr_lane lanes[SR_CALL_LANES];
+    n = stripe_lanes(given, n, lanes);
     sr_call c = {.n = n, .timeout_ms = timeout_ms, .deadline = now_ms() + timeout_ms, .cancel_fd = -1};
     for (int i = 0; i < n; i++) {
         const sr_lane *l = &lanes[i];
-        if ((!l->to && l->slen) || (!l->from && l->rlen))
-            return sr_fail(err, SR_EARG, -1, "invalid transfer arguments");
         c.s[i] = (sendstate){.peer = l->to, .buf = l->sbuf, .len = l->to ? l->slen : 0, .progress_fd = -1};
         c.r[i] = (recvstate){.peer = l->from, .buf = l->rbuf, .len = l->from ? l->rlen : 0, .op = op, .dtype = dtype};
         if (op == SR_OP_ADD && l->to && l->from && l->sbuf == l->rbuf && l->slen == l->rlen)
@@ -874,7 +949,7 @@ int sr_transfer_lanes(const sr_lane *lanes, int n, int op, int dtype, int timeou
         }
         if (!named)
             named = c.s[0].peer ? c.s[0].peer : c.r[0].peer;
-        rc = keeper_after_failure(named, rc, e);
+        rc = keeper_after_failure((sr_peer *)link_of(named), rc, e);
     }
     return rc;
 }
@@ -893,6 +968,8 @@ void sr_peer_abort(sr_peer *p) {
     shutdown(p->tx_fd, SHUT_RDWR);
     if (p->rx_fd != p->tx_fd)
         shutdown(p->rx_fd, SHUT_RDWR);
+    for (int j = 0; j < p->nstripes; j++)
+        sr_peer_abort(p->stripe[j]);
 }
 
 /* ---- liveness: the keeper thread ------------------------------------------------------------
@@ -931,7 +1008,10 @@ static int64_t utc_ms(void) {
 
 static int keeper_has(const sr_keeper *k) { return k && __atomic_load_n(&k->have, __ATOMIC_ACQUIRE); }
 
-static int keeper_dead_fd(const sr_peer *p) { return p && p->keeper ? p->keeper->dead_fd : -1; }
+static int keeper_dead_fd(const sr_peer *p) {
+    p = link_of(p);
+    return p && p->keeper ? p->keeper->dead_fd : -1;
+}
 
 /* The verdict as a call's error: -code with err naming the dead rank. */
 static int verdict_error(const sr_keeper *k, sr_error *err) {
@@ -945,6 +1025,7 @@ static int verdict_error(const sr_keeper *k, sr_error *err) {
 }
 
 static int keeper_check(const sr_peer *p, sr_error *err) {
+    p = link_of(p);
     if (!p || !keeper_has(p->keeper))
         return 0;
     return verdict_error(p->keeper, err);
@@ -1173,6 +1254,7 @@ static const sr_layout_entry engine_layout[] = {
     SR_LAYOUT_FIELD(sr_dead, at_ms),
     SR_LAYOUT_CONST(SR_MAX_LANES),
     SR_LAYOUT_CONST(SR_KEEPER_PEERS),
+    SR_LAYOUT_CONST(SR_MAX_STRIPES),
     SR_LAYOUT_END,
 };
 

@@ -35,11 +35,14 @@ def _inputs(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     return (torch.randn(n, generator=gen) * 4).to(dtype)
 
 
-def same_bytes_as_host(spec, port):
-    """Every dtype, size and algorithm: command ring result == host communicator result, bitwise."""
+def same_bytes_as_host(spec, port, connections):
+    """Every dtype, size and algorithm: command ring result == host communicator result, bitwise.
+    With several connections per link, transfers from 16 KiB are striped over them."""
     algorithms = ["auto", "ring"]  # at two ranks "ring" is reduce-scatter + all-gather (bench _rsag)
     mismatches = []
-    with Communicator(spec, tcp_port=port, timeout_s=30) as comm:
+    with Communicator(
+        spec, tcp_port=port, timeout_s=30, connections=connections, stripe_min_bytes=16 << 10
+    ) as comm:
         cases = [(n, d, a) for n in SIZES for d in DTYPES for a in algorithms]
         host = {(n, d, a): comm.all_reduce(_inputs(spec.rank, n, d), algorithm=a) for n, d, a in cases}
         if spec.world == 2:  # a0 + a1 either way: the two schedules give the same bytes
@@ -73,15 +76,17 @@ def same_bytes_as_host(spec, port):
                 mismatches.append(f"{key} with snapshots")
         stats = ring.stats()
         ring.close()
-    return mismatches, stats, len(host) + len([k for k in host if k[0] >= 4097])
+        striped = sum(link["stripe_bytes_tx"] for link in comm.stats().values())
+    return mismatches, stats, len(host) + len([k for k in host if k[0] >= 4097]), striped
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_progress_thread_bytes_equal_the_host_path(world):
-    results = run_ring(same_bytes_as_host, world, 28900 + world)
+@pytest.mark.parametrize(("world", "connections"), [(2, 1), (4, 2)])
+def test_progress_thread_bytes_equal_the_host_path(world, connections):
+    results = run_ring(same_bytes_as_host, world, 28900 + world, connections=connections)
     for status, value in results:
         assert status == "ok", value
-        mismatches, stats, n_reduce = value
+        mismatches, stats, n_reduce, striped = value
+        assert (striped > 0) == (connections > 1)
         assert mismatches == []
         assert stats["all_reduce"] == n_reduce + 2 and stats["all_gather"] == 3
         assert stats["errors"] == stats["refused"] == 0
