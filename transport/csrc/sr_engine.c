@@ -119,6 +119,25 @@ static int64_t now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static int64_t now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* How long a call run on the caller's thread alone (the small-message path) polls its sockets
+ * without sleeping before it sleeps in poll(): a sleeping thread's wake-up is a large part of a
+ * small exchange on loopback. SPARKRING_ENGINE_SPIN_US, read once (default 50; 0: never spin). */
+static int64_t sr_spin_us(void) {
+    static int64_t spin = -1;
+    if (spin < 0) {
+        const char *env = getenv("SPARKRING_ENGINE_SPIN_US");
+        long v = env && *env ? strtol(env, NULL, 10) : 50;
+        spin = v < 0 ? 0 : v > 10000 ? 10000 : v;
+    }
+    return spin;
+}
+
 /* Buffer sizes are left to TCP autotuning: a fixed SO_SNDBUF/SO_RCVBUF caps it at wmem_max. */
 static void tune_socket(int fd) {
     int one = 1;
@@ -584,6 +603,7 @@ typedef struct sr_call {
     recvstate r[SR_CALL_LANES];
     int n, timeout_ms;
     int64_t deadline;
+    int64_t spin_until_us; /* until then a wait polls without sleeping (sr_spin_us) */
     int cancel_fd; /* eventfd raised by the first group to fail; -1 on the caller's thread alone */
     sr_group g[SR_MAX_GROUPS];
     int ngroups, failures;
@@ -677,7 +697,8 @@ static int run_lanes(sr_call *c, unsigned sends, unsigned recvs, sr_error *err) 
         }
         if (c->cancel_fd >= 0)
             fds[nfds++] = (struct pollfd){.fd = c->cancel_fd, .events = POLLIN};
-        int got = poll(fds, (nfds_t)nfds, (int)left);
+        int spinning = now_us() < c->spin_until_us;
+        int got = poll(fds, (nfds_t)nfds, spinning ? 0 : (int)left);
         if (got < 0 && errno != EINTR)
             return sr_fail(err, SR_EIO, -1, "poll: %s", strerror(errno));
         if (got > 0 && c->cancel_fd >= 0 && fds[nfds - 1].revents)
@@ -938,7 +959,13 @@ int sr_transfer_lanes(const sr_lane *given, int n, int op, int dtype, int timeou
     unsigned all = (1u << n) - 1;
     sr_error local;
     sr_error *e = err ? err : &local;
-    int rc = c.ngroups > 1 && most > 1 && !run_parallel(&c) ? call_outcome(&c, e) : run_lanes(&c, all, all, e);
+    int rc;
+    if (c.ngroups > 1 && most > 1 && !run_parallel(&c))
+        rc = call_outcome(&c, e);
+    else {
+        c.spin_until_us = now_us() + sr_spin_us();
+        rc = run_lanes(&c, all, all, e);
+    }
     if (rc) { /* the peer it names, for the keeper's verdict */
         sr_peer *named = NULL;
         for (int i = 0; i < n && !named; i++) {
