@@ -13,7 +13,10 @@ from the environment the launch renders:
 
 ``SPARKRING_TRANSPORT_FABRIC`` (tcp|verbs, default tcp) and ``SPARKRING_TRANSPORT_PORT``
 (default 18600) choose the fabric and the rendezvous port; ``SPARKRING_TRANSPORT_TIMEOUT_S``
-and ``SPARKRING_TRANSPORT_SETUP_TIMEOUT_S`` bound a collective and the rendezvous. The communicator is created on
+and ``SPARKRING_TRANSPORT_SETUP_TIMEOUT_S`` bound a collective and the rendezvous;
+``SPARKRING_TRANSPORT_CONNECTIONS`` (tcp, 1-4, default 1) and
+``SPARKRING_TRANSPORT_STRIPE_MIN_BYTES`` stripe large transfers over several connections per
+link (transport.fabric_tcp). The communicator is created on
 the group's first supported collective, which every rank of the group reaches together. From then on
 overlay.fault's watch stops this process on the first dead-peer verdict of any of them
 (``SPARKRING_HEARTBEAT_S`` and ``SPARKRING_DEAD_AFTER_S`` set the bound: transport.liveness).
@@ -26,12 +29,15 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from overlay.fault import Watch
 from transport import Communicator
+from transport._native import MAX_STRIPES
 from transport.comm import DEFAULT_TCP_PORT
+from transport.fabric_tcp import DEFAULT_STRIPE_MIN_BYTES
 from transport.geometry import world_size_problem
 from transport.topology import RingSpec, cable_geometry, from_hostvars
 
@@ -40,6 +46,39 @@ RING_GROUPS = ("tp:", "dcp:")
 # forward); later collectives are lock-step, but a slow peer is not a dead one.
 SETUP_TIMEOUT_S = 600.0
 TIMEOUT_S = 120.0
+
+
+def communicator_settings(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The Communicator's settings from the launch environment; a bad value is refused naming
+    its variable, before any rank dials."""
+
+    def number(name: str, default: float, kind: type) -> Any:
+        text = environ.get(name, "")
+        try:
+            return kind(text) if text else kind(default)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise ValueError(f"{name}={text!r} is not {what}") from None
+
+    settings = {
+        "fabric": environ.get("SPARKRING_TRANSPORT_FABRIC", "tcp"),
+        "tcp_port": number("SPARKRING_TRANSPORT_PORT", DEFAULT_TCP_PORT, int),
+        "timeout_s": number("SPARKRING_TRANSPORT_TIMEOUT_S", TIMEOUT_S, float),
+        "setup_timeout_s": number("SPARKRING_TRANSPORT_SETUP_TIMEOUT_S", SETUP_TIMEOUT_S, float),
+        "connections": number("SPARKRING_TRANSPORT_CONNECTIONS", 1, int),
+        "stripe_min_bytes": number("SPARKRING_TRANSPORT_STRIPE_MIN_BYTES", DEFAULT_STRIPE_MIN_BYTES, int),
+    }
+    if not 1 <= settings["connections"] <= MAX_STRIPES:
+        raise ValueError(f"SPARKRING_TRANSPORT_CONNECTIONS={settings['connections']}: 1 to {MAX_STRIPES}")
+    if settings["connections"] > 1 and settings["fabric"] != "tcp":
+        raise ValueError(
+            "SPARKRING_TRANSPORT_CONNECTIONS applies to the tcp fabric; verbs stripes over each port's twins"
+        )
+    if settings["stripe_min_bytes"] < 1:
+        raise ValueError(
+            f"SPARKRING_TRANSPORT_STRIPE_MIN_BYTES={settings['stripe_min_bytes']}: must be positive"
+        )
+    return settings
 
 
 def ring_spec(group_rank: int, group_world: int) -> RingSpec | None:
@@ -95,16 +134,9 @@ class RingGroups:
                 spec = ring_spec(rank, world)
                 if spec is None:
                     return None
-                self._comms[unique_name] = Communicator(
-                    spec,
-                    fabric=os.environ.get("SPARKRING_TRANSPORT_FABRIC", "tcp"),
-                    tcp_port=int(os.environ.get("SPARKRING_TRANSPORT_PORT", DEFAULT_TCP_PORT))
-                    + len(self._comms),
-                    timeout_s=float(os.environ.get("SPARKRING_TRANSPORT_TIMEOUT_S", TIMEOUT_S)),
-                    setup_timeout_s=float(
-                        os.environ.get("SPARKRING_TRANSPORT_SETUP_TIMEOUT_S", SETUP_TIMEOUT_S)
-                    ),
-                )
+                settings = communicator_settings()
+                settings["tcp_port"] += len(self._comms)  # one rendezvous port per group
+                self._comms[unique_name] = Communicator(spec, **settings)
                 if not self._ranks:
                     atexit.register(self.close)
                 self._ranks[unique_name] = rank

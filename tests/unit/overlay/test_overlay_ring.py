@@ -49,3 +49,43 @@ def test_gid_index_reaches_the_transport_as_the_inventory_says(
         assert [[twin.rdma_device for twin in port.twins] for port in spec.ports] == [
             [twin["rdma_device"] for twin in port["twins"]] for port in rank_vars["sparkring_ports"]
         ]
+
+
+def test_communicator_settings_default_to_one_connection_and_read_the_launch_environment() -> None:
+    from overlay.ring import communicator_settings
+
+    assert communicator_settings({}) == {
+        "fabric": "tcp",
+        "tcp_port": 18600,
+        "timeout_s": 120.0,
+        "setup_timeout_s": 600.0,
+        "connections": 1,
+        "stripe_min_bytes": 16 << 20,
+    }
+    got = communicator_settings(
+        {"SPARKRING_TRANSPORT_CONNECTIONS": "4", "SPARKRING_TRANSPORT_STRIPE_MIN_BYTES": "1048576"}
+    )
+    assert (got["connections"], got["stripe_min_bytes"]) == (4, 1 << 20)
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        (
+            {"SPARKRING_TRANSPORT_CONNECTIONS": "five"},
+            "SPARKRING_TRANSPORT_CONNECTIONS='five' is not an integer",
+        ),
+        ({"SPARKRING_TRANSPORT_CONNECTIONS": "5"}, "SPARKRING_TRANSPORT_CONNECTIONS=5: 1 to 4"),
+        (
+            {"SPARKRING_TRANSPORT_CONNECTIONS": "2", "SPARKRING_TRANSPORT_FABRIC": "verbs"},
+            "applies to the tcp fabric",
+        ),
+        ({"SPARKRING_TRANSPORT_STRIPE_MIN_BYTES": "0"}, "SPARKRING_TRANSPORT_STRIPE_MIN_BYTES=0"),
+        ({"SPARKRING_TRANSPORT_TIMEOUT_S": "soon"}, "SPARKRING_TRANSPORT_TIMEOUT_S='soon' is not a number"),
+    ],
+)
+def test_a_bad_transport_setting_is_refused_naming_its_variable(environ: dict, message: str) -> None:
+    from overlay.ring import communicator_settings
+
+    with pytest.raises(ValueError, match=message):
+        communicator_settings(environ)
