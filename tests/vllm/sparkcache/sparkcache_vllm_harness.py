@@ -15,7 +15,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 VLLM_BIN = REPO / ".venv-vllm" / "bin"
 MODEL_GENERATOR = REPO / "images" / "sim-model" / "generate.py"
-START_TIMEOUT_S = 600  # the same bound as the overlay harness: under the sim lane, a start took 3 min to resolve the model
+# The overlay harness's bound: beside the sim lane a start took 3 min to resolve the model.
+START_TIMEOUT_S = 600
 STOP_TIMEOUT_S = 60
 
 
