@@ -120,16 +120,22 @@ def test_lse_combine_matches_the_float64_formula() -> None:
     assert np.all(out[~live] == 0) and np.all(lse[~live] == -np.inf)
 
 
-def mismatched_rank(spec, tcp_port: int) -> str:
-    window = 16 if spec.rank == 1 else 8
-    with Communicator(spec, tcp_port=tcp_port, setup_timeout_s=10, window=window):
+def mismatched_rank(spec, tcp_port: int, setting: str, values: tuple[int, int]) -> str:
+    with Communicator(spec, tcp_port=tcp_port, setup_timeout_s=10, **{setting: values[spec.rank]}):
         return "connected"
 
 
-def test_rendezvous_mismatch_names_the_peer() -> None:
-    results = run_ring(mismatched_rank, 2, 28640)
+# Ends that differ in a setting both must share; connections per link go in the records' twins.
+@pytest.mark.parametrize(
+    ("setting", "values", "field", "port"),
+    [("window", (8, 16), "window=", 28640), ("connections", (1, 2), "twins=", 28645)],
+)
+def test_rendezvous_mismatch_names_the_peer(
+    setting: str, values: tuple[int, int], field: str, port: int
+) -> None:
+    results = run_ring(mismatched_rank, 2, port, setting=setting, values=values)
     assert [s for s, _ in results] == ["error", "error"]
     for rank, (_, (name, message, _)) in enumerate(results):
         assert name == RendezvousError.__name__
         assert f"rank {rank ^ 1} at 127.77.0.{2 - rank}" in message
-    assert any("window=" in v[1] for _, v in results)
+    assert any(field in v[1] for _, v in results)

@@ -1,5 +1,5 @@
 """A link over several TCP connections (transport.fabric_tcp's stripes): the bytes of one
-connection, the parts on every connection, and a connection count both ends must share."""
+connection, and the parts on every connection. Ends whose counts differ: test_transport_loopback."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from transport_ranks import run_ring
 from transport import reference
 from transport.buffers import F16, F32
 from transport.comm import Communicator
-from transport.errors import RendezvousError
 
 STRIPE_MIN = 64 * 1024
 SIZES = [1000, 16_384, 100_003, 600_001]  # elements: below the stripe threshold, at it, odd, many frames
@@ -69,20 +68,6 @@ def test_a_striped_link_gives_the_bytes_of_one_connection_and_uses_them_all(
         assert np.array_equal(per_rank[r]["gather"], want)
         for stats in per_rank[r]["stats"].values():
             assert 0 < stats["stripe_bytes_tx"] < stats["bytes_tx"]
-
-
-def connections_rank(spec, tcp_port: int) -> str:
-    with Communicator(spec, tcp_port=tcp_port, setup_timeout_s=10, connections=2 if spec.rank == 1 else 1):
-        return "connected"
-
-
-def test_ends_with_different_connection_counts_are_refused_naming_the_peer() -> None:
-    results = run_ring(connections_rank, 2, 28740)
-    assert [s for s, _ in results] == ["error", "error"]
-    for rank, (_, (name, message, _)) in enumerate(results):
-        assert name == RendezvousError.__name__
-        assert f"rank {rank ^ 1} at 127.77.0.{2 - rank}" in message
-    assert any("twins=" in v[1] for _, v in results)
 
 
 def test_a_connection_count_outside_the_engine_is_refused_before_any_socket() -> None:
