@@ -477,6 +477,8 @@ def main() -> int:
                 "reductions": "host cores (progress thread)",
                 "connections_per_link": args.connections,
                 "stripe_min_bytes": args.stripe_min_bytes if args.connections > 1 else None,
+                # None: the engine's default (transport/csrc/sr_engine.c)
+                "SPARKRING_ENGINE_SPIN_US": os.environ.get("SPARKRING_ENGINE_SPIN_US"),
             },
             "nccl_socket_env": NCCL_ENV["nccl_socket"],
             "nccl_nvlink_env": NCCL_ENV["nccl_nvlink"],

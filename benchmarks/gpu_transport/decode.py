@@ -244,7 +244,13 @@ def main() -> int:
             "rounds": args.rounds,
             "step": "per layer 2 x (row-parallel GEMM [batch, hidden/world] x [hidden/world, hidden], "
             "all-reduce of [batch, hidden], residual add); one CUDA graph per step",
-            "ring": {"fabric": "tcp", "geometry": "127.77.i.0/24 loopback", "reductions": "host cores"},
+            "ring": {
+                "fabric": "tcp",
+                "geometry": "127.77.i.0/24 loopback",
+                "reductions": "host cores",
+                # None: the engine's default (transport/csrc/sr_engine.c)
+                "SPARKRING_ENGINE_SPIN_US": os.environ.get("SPARKRING_ENGINE_SPIN_US"),
+            },
         },
         "gpu_sharing": {str(w): gpu_sharing(w, gpus) for w in worlds},
         "nccl_placement": {str(w): nccl_placement(w, gpus) for w in worlds},
