@@ -21,8 +21,9 @@ Per size (fp16, 4 KB to 64 MB) and mode: p50/p99 of one call including its strea
 synchronisation (eager), or of one graph replay plus synchronisation (graph); the host time of
 graph.replay() alone. From 1 MiB the ring also runs whole copies (``_unpipelined``) and
 pipelined copies (``_pipelined``, transport.plan.pipelined) wherever the default is the other,
-and at two ranks the reduce-scatter + all-gather schedule (``_rsag``: half the host adds of the
-default exchange, the same bytes on the wire), right beside the default calls, in the same
+and the reduce-scatter + all-gather schedule (``_rsag``: at two ranks half the host adds of the
+default exchange, the same bytes on the wire; at four, the ring where the default up to 4 MiB is
+the two matchings), right beside the default calls, in the same
 processes, the order alternating by round: the before/after. For every ring call the progress
 thread's own time is recorded beside it (``engine_<mode>``: the mean time per call it spent
 running the plan, and the part of that a pipelined plan waited for the input copies), so the
@@ -161,8 +162,7 @@ def rank_main(peer: str, rank: int, world: int, cfg: dict, queue: Any) -> None:
                 "_unpipelined": (gpu.fused_max_bytes, gpu.wait, OFF, "auto"),
                 "_pipelined": (gpu.fused_max_bytes, gpu.wait, PIPELINE_FROM, "auto"),
             }
-            if world == 2:
-                variants["_rsag"] = (*default[:3], "ring")
+            variants["_rsag"] = (*default[:3], "ring")
             if cfg["variant_sweep"]:
                 variants |= {
                     "_fused": (OFF, gpu.wait, OFF, "auto"),
@@ -225,7 +225,7 @@ def rank_main(peer: str, rank: int, world: int, cfg: dict, queue: Any) -> None:
                     row["pipelined_equals_unpipelined"] = torch.equal(
                         piped.view(torch.int16), whole.view(torch.int16)
                     )
-                    if "_rsag" in variants:  # a0 + a1 in either schedule: the same bytes
+                    if world == 2:  # a0 + a1 in either schedule: the same bytes
                         rsag = gpu.all_reduce(x, "ring")
                         row["rsag_equals_exchange"] = torch.equal(
                             rsag.view(torch.int16), whole.view(torch.int16)
