@@ -14,7 +14,7 @@ from the environment the launch renders:
 ``SPARKRING_TRANSPORT_FABRIC`` (tcp|verbs, default tcp) and ``SPARKRING_TRANSPORT_PORT``
 (default 18600) choose the fabric and the rendezvous port; ``SPARKRING_TRANSPORT_TIMEOUT_S``
 and ``SPARKRING_TRANSPORT_SETUP_TIMEOUT_S`` bound a collective and the rendezvous;
-``SPARKRING_TRANSPORT_CONNECTIONS`` (tcp, 1-4, default 1) and
+``SPARKRING_TRANSPORT_CONNECTIONS`` (tcp, 1-4, default the fabric's) and
 ``SPARKRING_TRANSPORT_STRIPE_MIN_BYTES`` stripe large transfers over several connections per
 link (transport.fabric_tcp). The communicator is created on
 the group's first supported collective, which every rank of the group reaches together. From then on
@@ -52,10 +52,10 @@ def communicator_settings(environ: Mapping[str, str] = os.environ) -> dict[str, 
     """The Communicator's settings from the launch environment; a bad value is refused naming
     its variable, before any rank dials."""
 
-    def number(name: str, default: float, kind: type) -> Any:
+    def number(name: str, default: float | None, kind: type) -> Any:
         text = environ.get(name, "")
         try:
-            return kind(text) if text else kind(default)
+            return kind(text) if text else default if default is None else kind(default)
         except ValueError:
             what = "an integer" if kind is int else "a number"
             raise ValueError(f"{name}={text!r} is not {what}") from None
@@ -65,12 +65,13 @@ def communicator_settings(environ: Mapping[str, str] = os.environ) -> dict[str, 
         "tcp_port": number("SPARKRING_TRANSPORT_PORT", DEFAULT_TCP_PORT, int),
         "timeout_s": number("SPARKRING_TRANSPORT_TIMEOUT_S", TIMEOUT_S, float),
         "setup_timeout_s": number("SPARKRING_TRANSPORT_SETUP_TIMEOUT_S", SETUP_TIMEOUT_S, float),
-        "connections": number("SPARKRING_TRANSPORT_CONNECTIONS", 1, int),
+        "connections": number("SPARKRING_TRANSPORT_CONNECTIONS", None, int),  # None: the fabric's
         "stripe_min_bytes": number("SPARKRING_TRANSPORT_STRIPE_MIN_BYTES", DEFAULT_STRIPE_MIN_BYTES, int),
     }
-    if not 1 <= settings["connections"] <= MAX_STRIPES:
-        raise ValueError(f"SPARKRING_TRANSPORT_CONNECTIONS={settings['connections']}: 1 to {MAX_STRIPES}")
-    if settings["connections"] > 1 and settings["fabric"] != "tcp":
+    connections = settings["connections"]
+    if connections is not None and not 1 <= connections <= MAX_STRIPES:
+        raise ValueError(f"SPARKRING_TRANSPORT_CONNECTIONS={connections}: 1 to {MAX_STRIPES}")
+    if connections is not None and connections > 1 and settings["fabric"] != "tcp":
         raise ValueError(
             "SPARKRING_TRANSPORT_CONNECTIONS applies to the tcp fabric; verbs stripes over each port's twins"
         )

@@ -23,7 +23,7 @@ from transport import schedule
 from transport._native import SrError, SrLane
 from transport.buffers import HostBuffer, as_host_buffer
 from transport.errors import NATIVE_ERRORS, TransportError
-from transport.fabric_tcp import DEFAULT_STRIPE_MIN_BYTES, TcpFabric
+from transport.fabric_tcp import DEFAULT_CONNECTIONS, DEFAULT_STRIPE_MIN_BYTES, TcpFabric
 from transport.liveness import Liveness, Verdict
 from transport.plan import ADD, COPY
 from transport.portable_math import exp_nonpositive, log_positive
@@ -37,8 +37,8 @@ DEFAULT_TCP_PORT = 18600
 class Communicator:
     """Collectives for one rank of the ring (``fabric`` ``tcp`` or ``verbs``).
 
-    ``connections`` (tcp): TCP connections per link; a transfer of at least
-    ``stripe_min_bytes`` each way is cut over all of them (transport.fabric_tcp).
+    ``connections`` (tcp; None: the fabric's default): TCP connections per link; a transfer of at
+    least ``stripe_min_bytes`` each way is cut over all of them (transport.fabric_tcp).
     """
 
     def __init__(
@@ -52,7 +52,7 @@ class Communicator:
         slot_bytes: int = 256 * 1024,
         window: int = 16,
         liveness: Liveness | None = None,
-        connections: int = 1,
+        connections: int | None = None,
         stripe_min_bytes: int = DEFAULT_STRIPE_MIN_BYTES,
     ) -> None:
         self.spec, self.rank, self.world = spec, spec.rank, spec.world
@@ -61,9 +61,10 @@ class Communicator:
         self._driver: Any = None  # a CommandRing that owns the links while attached
         self._scratch_buf = np.empty(0, dtype=np.uint8)
         if fabric == "tcp":
-            self.fabric: Any = TcpFabric(slot_bytes, window, connections, stripe_min_bytes)
+            tcp_connections = DEFAULT_CONNECTIONS if connections is None else connections
+            self.fabric: Any = TcpFabric(slot_bytes, window, tcp_connections, stripe_min_bytes)
         elif fabric == "verbs":
-            if connections != 1:
+            if connections not in (None, 1):
                 raise ValueError(
                     f"connections {connections}: verbs stripes over the port's twins, not connections"
                 )

@@ -16,7 +16,10 @@ from transport.liveness import Keeper, Liveness
 from transport.rendezvous import Edge, EndpointRecord
 from transport.topology import Port, RingSpec
 
-DEFAULT_STRIPE_MIN_BYTES = 16 << 20
+# Four connections per link, a transfer cut over them from 1 MiB: on one H100's host (docs/transport.md,
+# "Connections per link") this took the 4 MB and 64 MB all-reduces below NCCL-socket's at two ranks.
+DEFAULT_CONNECTIONS = 4
+DEFAULT_STRIPE_MIN_BYTES = 1 << 20
 
 
 @dataclass
@@ -43,7 +46,7 @@ class TcpFabric:
         self,
         slot_bytes: int,
         window: int,
-        connections: int = 1,
+        connections: int = DEFAULT_CONNECTIONS,
         stripe_min_bytes: int = DEFAULT_STRIPE_MIN_BYTES,
     ) -> None:
         if not 1 <= connections <= MAX_STRIPES:

@@ -37,12 +37,11 @@ DEFAULT_ARENA_BYTES = 64 << 20
 # (benchmarks/gpu_transport); SPARKRING_GPU_FUSED_MAX overrides it.
 FUSED_MAX_BYTES = int(os.environ.get("SPARKRING_GPU_FUSED_MAX", 256 << 10))
 # From this many bytes an all-reduce is pipelined: its copies in and out move in chunks
-# (plan.pipeline_chunk) that overlap the wire (csrc/sr_gpu.cu, plan.pipelined). Measured on one
-# H100 (benchmarks/gpu_transport, 2026-12-06): each piece is its own engine call, whose fixed
-# cost outweighs the overlapped copies at 4 and 16 MB (1.2-1.3x slower) and breaks even or wins
-# at 64 MB (w2 graph 0.89x), so only messages above 32 MiB are pipelined.
-# SPARKRING_GPU_PIPELINE_MIN overrides it (a huge value turns pipelining off).
-PIPELINE_MIN_BYTES = int(os.environ.get("SPARKRING_GPU_PIPELINE_MIN", 32 << 20))
+# (plan.pipeline_chunk) that overlap the wire (csrc/sr_gpu.cu, plan.pipelined). Each piece is its
+# own engine call, and over the tcp fabric's four connections per link whole copies were as fast
+# or faster at every size on one H100 (docs/transport.md), so by default nothing is pipelined.
+# SPARKRING_GPU_PIPELINE_MIN sets a threshold (over one connection 64 MB broke even or won).
+PIPELINE_MIN_BYTES = int(os.environ.get("SPARKRING_GPU_PIPELINE_MIN", 1 << 62))
 KERNEL_MARGIN_NS = 5_000_000_000  # a spinning kernel's own bound past the progress thread's
 # How the stream waits for the answer (csrc/sr_gpu.cu): "spin" (one kernel posts and spins on
 # the answer under its own bound: one graph node, the lower latency and replay host time in

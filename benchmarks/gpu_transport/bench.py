@@ -50,7 +50,7 @@ from typing import Any
 
 from benchmarks.history import append_run, history_path
 from benchmarks.provenance import RunProvenance, load_average
-from transport.fabric_tcp import DEFAULT_STRIPE_MIN_BYTES
+from transport.fabric_tcp import DEFAULT_CONNECTIONS, DEFAULT_STRIPE_MIN_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -435,7 +435,9 @@ def main() -> int:
         action="store_true",
         help="also time the ring's fused, copy-engine and spinning-kernel variants up to 1 MB",
     )
-    ap.add_argument("--connections", type=int, default=1, help="the ring's TCP connections per link")
+    ap.add_argument(
+        "--connections", type=int, default=DEFAULT_CONNECTIONS, help="the ring's TCP connections per link"
+    )
     ap.add_argument(
         "--stripe-min-bytes",
         type=int,

@@ -51,21 +51,23 @@ def test_gid_index_reaches_the_transport_as_the_inventory_says(
         ]
 
 
-def test_communicator_settings_default_to_one_connection_and_read_the_launch_environment() -> None:
+def test_communicator_settings_default_to_the_fabrics_and_read_the_launch_environment() -> None:
     from overlay.ring import communicator_settings
+    from transport.fabric_tcp import DEFAULT_STRIPE_MIN_BYTES
 
     assert communicator_settings({}) == {
         "fabric": "tcp",
         "tcp_port": 18600,
         "timeout_s": 120.0,
         "setup_timeout_s": 600.0,
-        "connections": 1,
-        "stripe_min_bytes": 16 << 20,
+        "connections": None,  # tcp's four, verbs' one (transport.Communicator)
+        "stripe_min_bytes": DEFAULT_STRIPE_MIN_BYTES,
     }
+    assert communicator_settings({"SPARKRING_TRANSPORT_FABRIC": "verbs"})["connections"] is None
     got = communicator_settings(
-        {"SPARKRING_TRANSPORT_CONNECTIONS": "4", "SPARKRING_TRANSPORT_STRIPE_MIN_BYTES": "1048576"}
+        {"SPARKRING_TRANSPORT_CONNECTIONS": "2", "SPARKRING_TRANSPORT_STRIPE_MIN_BYTES": "4194304"}
     )
-    assert (got["connections"], got["stripe_min_bytes"]) == (4, 1 << 20)
+    assert (got["connections"], got["stripe_min_bytes"]) == (2, 4 << 20)
 
 
 @pytest.mark.parametrize(

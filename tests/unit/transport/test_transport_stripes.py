@@ -16,7 +16,7 @@ STRIPE_MIN = 64 * 1024
 SIZES = [1000, 16_384, 100_003, 600_001]  # elements: below the stripe threshold, at it, odd, many frames
 
 
-def striped_rank(spec, tcp_port: int, connections: int, algorithms: tuple[str, ...]) -> dict:
+def striped_rank(spec, tcp_port: int, connections: int | None, algorithms: tuple[str, ...]) -> dict:
     out: dict = {}
     with Communicator(
         spec,
@@ -41,10 +41,11 @@ def striped_rank(spec, tcp_port: int, connections: int, algorithms: tuple[str, .
 
 @pytest.mark.parametrize(
     ("world", "connections", "algorithms", "port"),
-    [(2, 4, ("auto", "ring"), 28710), (4, 2, ("auto", "ring"), 28720)],
+    # None: the tcp fabric's default, which stripes
+    [(2, 4, ("auto", "ring"), 28710), (4, 2, ("auto", "ring"), 28720), (2, None, ("auto",), 28730)],
 )
 def test_a_striped_link_gives_the_bytes_of_one_connection_and_uses_them_all(
-    world: int, connections: int, algorithms: tuple[str, ...], port: int
+    world: int, connections: int | None, algorithms: tuple[str, ...], port: int
 ) -> None:
     results = run_ring(striped_rank, world, port, connections=connections, algorithms=algorithms)
     assert all(status == "ok" for status, _ in results), [v for s, v in results if s != "ok"]
