@@ -236,6 +236,14 @@ class Communicator:
                     send = self._scratch(work.nbytes)[: work.nbytes].view(work.dtype)
                     np.copyto(send, work)
                 self.transfer("all_reduce", deadline, peer, send, peer, work, ADD, buf.code)
+        elif algo == "crossed":
+            for halves in schedule.crossed_rounds(self.rank, work.size):
+                send = work
+                if not self.fabric.adds_in_place:
+                    send = self._scratch(work.nbytes)[: work.nbytes].view(work.dtype)
+                    np.copyto(send, work)
+                lanes = [(peer, send[lo:hi], peer, work[lo:hi]) for peer, lo, hi in halves]
+                self.transfer_lanes("all_reduce", deadline, lanes, ADD, buf.code)
         else:
             self._ring_all_reduce(deadline, work, buf.code)
         return out if out is not None else buf.wrap(work.reshape(buf.array.shape))

@@ -94,6 +94,17 @@ def all_reduce(
             if not adds_in_place:
                 steps.append(Step(STEP_COPY, COPY, (Lane(None, 0, nbytes, None, send, nbytes),)))
             steps.append(Step(STEP_LANES, ADD, (Lane(peer, send, nbytes, peer, 0, nbytes),)))
+    elif algo == "crossed":
+        send = 0 if adds_in_place else align(nbytes)
+        arena = send + nbytes
+        for halves in schedule.crossed_rounds(rank, count):
+            if not adds_in_place:
+                steps.append(Step(STEP_COPY, COPY, (Lane(None, 0, nbytes, None, send, nbytes),)))
+            lanes = tuple(
+                Lane(peer, send + lo * isz, (hi - lo) * isz, peer, lo * isz, (hi - lo) * isz)
+                for peer, lo, hi in halves
+            )
+            steps.append(Step(STEP_LANES, ADD, lanes))
     else:
         rings = []
         for d, (base, end) in zip(schedule.RING_DIRECTIONS, schedule.ring_halves(count), strict=True):

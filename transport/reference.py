@@ -66,6 +66,12 @@ def all_reduce(inputs: list[np.ndarray], code: int, algorithm: str = "auto") -> 
         return add(inputs[0], inputs[1], code)
     if algo == "matching":
         return add(add(inputs[0], inputs[1], code), add(inputs[2], inputs[3], code), code)
+    if algo == "crossed":
+        flat = [x.reshape(-1) for x in inputs]
+        (a, b), (c, d) = ring_halves(flat[0].size)
+        first = add(add(flat[0][a:b], flat[1][a:b], code), add(flat[2][a:b], flat[3][a:b], code), code)
+        second = add(add(flat[0][c:d], flat[3][c:d], code), add(flat[1][c:d], flat[2][c:d], code), code)
+        return np.concatenate([first, second]).reshape(inputs[0].shape)
     flat = [x.reshape(-1) for x in inputs]
     out = np.empty_like(flat[0])
     for d, (base, end) in zip(RING_DIRECTIONS, ring_halves(flat[0].size), strict=True):

@@ -5,6 +5,9 @@ reduction is defined in one place and every rank produces identical bytes:
 
 * two-matching (4 ranks): round 0 adds with rank^1 (cage 0), round 1 with the other
   neighbour (rank^3 on four ranks, cage 1); result (a0+a1)+(a2+a3) on every rank.
+* crossed matchings (4 ranks): the buffer's two halves (ring_halves) run the two matchings in
+  opposite orders at once, so both cables carry half the bytes in each round where the
+  two-matching leaves one idle: the first half (a0+a1)+(a2+a3), the second (a0+a3)+(a1+a2).
 * exchange (2 ranks): one exchange-and-add; a0+a1 on both.
 * ring (any even N): the buffer is split in two halves that run as two rings at once, the
   first clockwise (send right, receive left), the second counter-clockwise, so every cable
@@ -28,12 +31,15 @@ RING_DIRECTIONS = (1, -1)  # the first half of the buffer goes clockwise, the se
 
 
 def allreduce_algorithm(world: int, nbytes: int, requested: str = "auto") -> str:
-    """``exchange`` (2 ranks), ``matching`` (4 ranks, small) or ``ring``."""
+    """``exchange`` (2 ranks), ``matching`` (4 ranks, small) or ``ring``; ``crossed`` (4 ranks)
+    when asked for."""
     if requested != "auto":
-        if (requested == "exchange" and world != 2) or (requested == "matching" and world != 4):
+        if (requested == "exchange" and world != 2) or (requested in ("matching", "crossed") and world != 4):
             raise ValueError(f"all-reduce algorithm {requested!r} does not fit a ring of {world}")
-        if requested not in ("exchange", "matching", "ring"):
-            raise ValueError(f"unknown all-reduce algorithm {requested!r}: auto, exchange, matching or ring")
+        if requested not in ("exchange", "matching", "crossed", "ring"):
+            raise ValueError(
+                f"unknown all-reduce algorithm {requested!r}: auto, exchange, matching, crossed or ring"
+            )
         return requested
     if world == 2:
         return "exchange"
@@ -75,6 +81,14 @@ def ring_steps(rank: int, world: int, direction: int = 1) -> list[RingStep]:
     rs = [RingStep((rank - d * s) % world, (rank - d * (s + 1)) % world, True) for s in range(world - 1)]
     ag = [RingStep((rank + d * (1 - s)) % world, (rank - d * s) % world, False) for s in range(world - 1)]
     return rs + ag
+
+
+def crossed_rounds(rank: int, count: int) -> list[list[tuple[int, int, int]]]:
+    """The crossed matchings on four ranks: per round, (peer, start, stop) element ranges of the
+    two halves, the first half over the matchings in order, the second in reverse."""
+    peers = matching_peers(rank, 4)
+    (a, b), (c, d) = ring_halves(count)
+    return [[(peers[i], a, b), (peers[1 - i], c, d)] for i in range(2)]
 
 
 def gather_rounds(rank: int, world: int) -> list[tuple[int, range, range]]:

@@ -23,7 +23,8 @@ graph.replay() alone. From 1 MiB the ring also runs whole copies (``_unpipelined
 pipelined copies (``_pipelined``, transport.plan.pipelined) wherever the default is the other,
 and the reduce-scatter + all-gather schedule (``_rsag``: at two ranks half the host adds of the
 default exchange, the same bytes on the wire; at four, the ring where the default up to 4 MiB is
-the two matchings), right beside the default calls, in the same
+the two matchings; and there the crossed matchings, ``_crossed``, both cables busy in each
+round), right beside the default calls, in the same
 processes, the order alternating by round: the before/after. For every ring call the progress
 thread's own time is recorded beside it (``engine_<mode>``: the mean time per call it spent
 running the plan, and the part of that a pipelined plan waited for the input copies), so the
@@ -163,6 +164,8 @@ def rank_main(peer: str, rank: int, world: int, cfg: dict, queue: Any) -> None:
                 "_pipelined": (gpu.fused_max_bytes, gpu.wait, PIPELINE_FROM, "auto"),
             }
             variants["_rsag"] = (*default[:3], "ring")
+            if world == 4:
+                variants["_crossed"] = (*default[:3], "crossed")
             if cfg["variant_sweep"]:
                 variants |= {
                     "_fused": (OFF, gpu.wait, OFF, "auto"),
@@ -186,9 +189,11 @@ def rank_main(peer: str, rank: int, world: int, cfg: dict, queue: Any) -> None:
                         continue  # below the default's threshold both are the same code
                     if suffix == "_pipelined" and not PIPELINE_FROM <= nbytes < variants[""][2]:
                         continue  # ... and from it, or below 1 MiB
-                    if suffix == "_rsag" and nbytes < PIPELINE_FROM:
+                    if suffix in ("_rsag", "_crossed") and nbytes < PIPELINE_FROM:
                         continue
-                    if suffix not in ("", "_unpipelined", "_pipelined", "_rsag") and nbytes > (1 << 20):
+                    if suffix not in ("", "_unpipelined", "_pipelined", "_rsag", "_crossed") and nbytes > (
+                        1 << 20
+                    ):
                         continue
                     gpu.fused_max_bytes, gpu.wait, gpu.pipeline_min_bytes, algorithm = variant
 
@@ -385,6 +390,7 @@ def headline(res: dict) -> dict:
         # Two ranks only: the reduce-scatter + all-gather schedule instead of the exchange.
         "allreduce_4m_p50_ratio_vs_nccl_socket_rsag": worse_ratio(res, 4 << 20, "_rsag"),
         "allreduce_64m_p50_ratio_vs_nccl_socket_rsag": worse_ratio(res, 64 << 20, "_rsag"),
+        "allreduce_4m_p50_ratio_vs_nccl_socket_crossed": worse_ratio(res, 4 << 20, "_crossed"),
         "graph_replay_host_us_p50": host[len(host) // 2],
         "graph_replays_checked": sum(r["check"]["replays"] for r in ring_rounds),
         "graph_replay_mismatches": sum(r["check"]["mismatches"] for r in ring_rounds),
@@ -400,7 +406,7 @@ def plot(res: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, mode in zip(axes, ("eager", "graph"), strict=True):
-        variants = [("ring", "_unpipelined"), ("ring", "_pipelined"), ("ring", "_rsag")]
+        variants = [("ring", s) for s in ("_unpipelined", "_pipelined", "_rsag", "_crossed")]
         for peer, suffix in [(p, "") for p in PEERS] + variants:
             ys = [p50(res, peer, n, mode + suffix) for n in SIZES]
             if any(y is not None for y in ys):

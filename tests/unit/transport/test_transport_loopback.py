@@ -59,7 +59,7 @@ def collectives_rank(spec, tcp_port: int, algorithms: tuple[str, ...], dtypes: t
     ("world", "algorithms", "dtypes", "port"),
     [
         (2, ("auto", "ring"), ("float32", "float16"), 28610),
-        (4, ("auto", "matching", "ring"), tuple(CODES), 28620),
+        (4, ("auto", "matching", "crossed", "ring"), tuple(CODES), 28620),
         (6, ("auto",), ("float32", "float16"), 28630),
     ],
 )

@@ -80,10 +80,20 @@ def test_algorithm_choice() -> None:
     assert schedule.allreduce_algorithm(4, schedule.RING_THRESHOLD_BYTES + 4) == "ring"
     assert schedule.allreduce_algorithm(4, 64 << 20) == "ring"
     assert schedule.allreduce_algorithm(6, 16) == "ring"
+    assert schedule.allreduce_algorithm(4, 16, "crossed") == "crossed"
     with pytest.raises(ValueError, match="does not fit a ring of 6"):
         schedule.allreduce_algorithm(6, 16, "matching")
+    with pytest.raises(ValueError, match="does not fit a ring of 2"):
+        schedule.allreduce_algorithm(2, 16, "crossed")
     with pytest.raises(ValueError, match="unknown all-reduce algorithm"):
         schedule.allreduce_algorithm(4, 16, "tree")
+
+
+def test_crossed_rounds_keep_both_cables_busy_with_one_half_each() -> None:
+    for rank in range(4):
+        peers = schedule.matching_peers(rank, 4)
+        rounds = schedule.crossed_rounds(rank, 11)
+        assert rounds == [[(peers[0], 0, 6), (peers[1], 6, 11)], [(peers[1], 0, 6), (peers[0], 6, 11)]]
 
 
 def test_cable_geometry_matches_the_inventory_contract() -> None:

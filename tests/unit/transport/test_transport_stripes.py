@@ -42,7 +42,11 @@ def striped_rank(spec, tcp_port: int, connections: int | None, algorithms: tuple
 @pytest.mark.parametrize(
     ("world", "connections", "algorithms", "port"),
     # None: the tcp fabric's default, which stripes
-    [(2, 4, ("auto", "ring"), 28710), (4, 2, ("auto", "ring"), 28720), (2, None, ("auto",), 28730)],
+    [
+        (2, 4, ("auto", "ring"), 28710),
+        (4, 2, ("auto", "crossed", "ring"), 28720),
+        (2, None, ("auto",), 28730),
+    ],
 )
 def test_a_striped_link_gives_the_bytes_of_one_connection_and_uses_them_all(
     world: int, connections: int | None, algorithms: tuple[str, ...], port: int
