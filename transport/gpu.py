@@ -38,8 +38,8 @@ DEFAULT_ARENA_BYTES = 64 << 20
 FUSED_MAX_BYTES = int(os.environ.get("SPARKRING_GPU_FUSED_MAX", 256 << 10))
 # From this many bytes an all-reduce is pipelined: its copies in and out move in chunks
 # (plan.pipeline_chunk) that overlap the wire (csrc/sr_gpu.cu, plan.pipelined). Each piece is its
-# own engine call, and over the tcp fabric's four connections per link whole copies were as fast
-# or faster at every size on one H100 (docs/transport.md), so by default nothing is pipelined.
+# own engine call: over the tcp fabric's four connections per link whole copies won at two ranks
+# and were within 3% at four on one H100 (docs/transport.md), so by default nothing is pipelined.
 # SPARKRING_GPU_PIPELINE_MIN sets a threshold (over one connection 64 MB broke even or won).
 PIPELINE_MIN_BYTES = int(os.environ.get("SPARKRING_GPU_PIPELINE_MIN", 1 << 62))
 KERNEL_MARGIN_NS = 5_000_000_000  # a spinning kernel's own bound past the progress thread's
