@@ -228,18 +228,11 @@ class Communicator:
             if not np.shares_memory(work, src):
                 np.copyto(work, src)
         algo = schedule.allreduce_algorithm(self.world, src.nbytes, algorithm)
-        if algo in ("exchange", "matching"):
-            for peer in schedule.matching_peers(self.rank, self.world):
+        if algo in ("exchange", "matching", "crossed"):
+            for halves in schedule.matching_lanes(self.rank, self.world, work.size, algo):
                 send = work
                 if not self.fabric.adds_in_place:
                     # `work` is added into while its old value is sent: send a snapshot.
-                    send = self._scratch(work.nbytes)[: work.nbytes].view(work.dtype)
-                    np.copyto(send, work)
-                self.transfer("all_reduce", deadline, peer, send, peer, work, ADD, buf.code)
-        elif algo == "crossed":
-            for halves in schedule.crossed_rounds(self.rank, work.size):
-                send = work
-                if not self.fabric.adds_in_place:
                     send = self._scratch(work.nbytes)[: work.nbytes].view(work.dtype)
                     np.copyto(send, work)
                 lanes = [(peer, send[lo:hi], peer, work[lo:hi]) for peer, lo, hi in halves]

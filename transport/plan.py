@@ -87,17 +87,10 @@ def all_reduce(
     algo = schedule.allreduce_algorithm(world, nbytes, algorithm)
     steps: list[Step] = []
     arena = nbytes
-    if algo in ("exchange", "matching"):
+    if algo in ("exchange", "matching", "crossed"):
         send = 0 if adds_in_place else align(nbytes)
         arena = send + nbytes
-        for peer in schedule.matching_peers(rank, world):
-            if not adds_in_place:
-                steps.append(Step(STEP_COPY, COPY, (Lane(None, 0, nbytes, None, send, nbytes),)))
-            steps.append(Step(STEP_LANES, ADD, (Lane(peer, send, nbytes, peer, 0, nbytes),)))
-    elif algo == "crossed":
-        send = 0 if adds_in_place else align(nbytes)
-        arena = send + nbytes
-        for halves in schedule.crossed_rounds(rank, count):
+        for halves in schedule.matching_lanes(rank, world, count, algo):
             if not adds_in_place:
                 steps.append(Step(STEP_COPY, COPY, (Lane(None, 0, nbytes, None, send, nbytes),)))
             lanes = tuple(

@@ -83,10 +83,13 @@ def ring_steps(rank: int, world: int, direction: int = 1) -> list[RingStep]:
     return rs + ag
 
 
-def crossed_rounds(rank: int, count: int) -> list[list[tuple[int, int, int]]]:
-    """The crossed matchings on four ranks: per round, (peer, start, stop) element ranges of the
-    two halves, the first half over the matchings in order, the second in reverse."""
-    peers = matching_peers(rank, 4)
+def matching_lanes(rank: int, world: int, count: int, algorithm: str) -> list[list[tuple[int, int, int]]]:
+    """Per round of an exchange, two-matching or crossed matchings, the lanes of its one engine
+    call as (peer, start, stop) element ranges: the whole buffer with the round's peer, or for
+    the crossed matchings the first half over the matchings in order and the second in reverse."""
+    peers = matching_peers(rank, world)
+    if algorithm != "crossed":
+        return [[(peer, 0, count)] for peer in peers]
     (a, b), (c, d) = ring_halves(count)
     return [[(peers[i], a, b), (peers[1 - i], c, d)] for i in range(2)]
 

@@ -92,7 +92,7 @@ def test_algorithm_choice() -> None:
 def test_crossed_rounds_keep_both_cables_busy_with_one_half_each() -> None:
     for rank in range(4):
         peers = schedule.matching_peers(rank, 4)
-        rounds = schedule.crossed_rounds(rank, 11)
+        rounds = schedule.matching_lanes(rank, 4, 11, "crossed")
         assert rounds == [[(peers[0], 0, 6), (peers[1], 6, 11)], [(peers[1], 0, 6), (peers[0], 6, 11)]]
 
 
